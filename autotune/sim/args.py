@@ -1,0 +1,95 @@
+"""Engine args of the simulated engine, spelled and defaulted as ``vllm serve`` 0.32 does.
+
+``EngineArgs`` holds what the user gave (``None`` = not set); :meth:`EngineArgs.resolve` applies
+vLLM's defaulting rules for a model and GPU and returns :class:`ResolvedArgs`, in which every
+value is concrete. Validation (and its exact error texts) lives in ``autotune.sim.memory``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from autotune.sim.hardware import HardwareProfile
+from autotune.sim.models import ModelProfile
+
+__all__ = ["EngineArgs", "ResolvedArgs"]
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    long_prefill_token_threshold: int = 0
+    enforce_eager: bool = False
+    # -- sim-only knobs (not vLLM flags) --------------------------------------------
+    # Memory other processes hold on the device at startup (simulates other tenants or a
+    # leaked previous worker): vLLM then fails its free-memory check.
+    sim_other_tenant_bytes: int = 0
+    # Subtract an estimate of CUDA-graph memory inside profiling (vLLM >= ~0.21 default,
+    # vllm.md §2 step 6). Ignored with enforce_eager.
+    sim_estimate_cudagraph_memory: bool = True
+
+    def resolve(self, model: ModelProfile, hardware: HardwareProfile) -> ResolvedArgs:
+        """Apply vLLM's defaults (vllm.md §1.1, 2026-era rules) to the values not given.
+
+        Only unset values are defaulted:
+        1. chunked prefill off: ``mnbt = max(max_model_len, default)``;
+        2. ``mnbt = min(max_num_seqs * max_model_len, mnbt)``;
+        3. a defaulted ``max_num_seqs = min(max_num_seqs, mnbt)``.
+        """
+        mml = self.max_model_len
+        if mml is None:
+            mml = model.max_position_embeddings
+        d_mns, d_mnbt = hardware.vllm_server_defaults()
+        mns = self.max_num_seqs if self.max_num_seqs is not None else d_mns
+        if self.max_num_batched_tokens is not None:
+            mnbt = self.max_num_batched_tokens
+        else:
+            mnbt = d_mnbt if self.enable_chunked_prefill else max(mml, d_mnbt)
+            mnbt = min(mns * mml, mnbt)
+        if self.max_num_seqs is None:
+            mns = min(mns, mnbt)
+        return ResolvedArgs(
+            max_model_len=mml,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=mns,
+            max_num_batched_tokens=mnbt,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            enable_prefix_caching=self.enable_prefix_caching,
+            tensor_parallel_size=self.tensor_parallel_size,
+            block_size=self.block_size,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            enforce_eager=self.enforce_eager,
+            sim_other_tenant_bytes=self.sim_other_tenant_bytes,
+            sim_estimate_cudagraph_memory=self.sim_estimate_cudagraph_memory,
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedArgs:
+    """Engine args with every value concrete (after vLLM's defaulting)."""
+
+    max_model_len: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    tensor_parallel_size: int
+    block_size: int
+    kv_cache_memory_bytes: int | None
+    long_prefill_token_threshold: int
+    enforce_eager: bool
+    sim_other_tenant_bytes: int
+    sim_estimate_cudagraph_memory: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
