@@ -275,6 +275,24 @@ def _sim_run(
     _print_run(result, model, hw, engine_args)
 
 
+# -- sim serve ----------------------------------------------------------------------------
+
+
+@sim_app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                      "help_option_names": []},
+    add_help_option=False,
+)
+def _sim_serve(ctx: typer.Context) -> None:
+    """Serve a simulated vLLM (vLLM's flags, OpenAI API, /metrics). See --help."""
+    # vLLM's flag grammar (--no-x pairs, unknown flag = error) is argparse's, so the
+    # arguments go to argparse untouched rather than through typer.
+    from autotune.sim.serve import main as serve_main
+
+    raise typer.Exit(serve_main(list(ctx.args)))
+
+
 # -- entry point --------------------------------------------------------------------------
 
 

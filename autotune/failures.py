@@ -56,6 +56,9 @@ _RULES: tuple[tuple[FailureClass, tuple[str, ...]], ...] = (
     (FailureClass.RUNTIME_OOM, ("CUDA out of memory",)),
     (FailureClass.RUNTIME_OOM, ("OutOfMemoryError",)),
     (FailureClass.PORT_IN_USE, ("Address already in use",)),
+    # uvicorn's wording: "[Errno 98] error while attempting to bind on address (...): address
+    # already in use"
+    (FailureClass.PORT_IN_USE, ("error while attempting to bind on address",)),
     (FailureClass.ENGINE_DEAD, ("EngineDeadError",)),
     (FailureClass.ENGINE_DEAD, ("Worker failed with error",)),
     (FailureClass.CONFIG_INVALID, ("validation error for SchedulerConfig",)),

@@ -109,7 +109,11 @@ class Engine:
         seed: int = 0,
         jitter_cv: float = 0.015,
         exact: bool = False,
+        keep_history: bool = True,
     ) -> None:
+        # keep_history=False (the long-running HTTP server): no per-step timeline and no list
+        # of finished requests, so memory stays flat; the server records what it needs.
+        self.keep_history = keep_history
         self.model = model
         self.hardware = hardware
         self.args = args.resolve(model, hardware) if isinstance(args, EngineArgs) else args
@@ -128,6 +132,7 @@ class Engine:
         self._tl: tuple[list[int], list[int], list[float], list[int], list[int], list[int],
                          list[int]] = ([], [], [], [], [], [], [])
         self.reqs: list[Req] = []
+        self._n_added = 0
         self.rejected: list[tuple[SimRequest, str]] = []
 
     # -- requests ------------------------------------------------------------------
@@ -141,8 +146,10 @@ class Engine:
             return msg
         hashes = (block_hashes(sr.prompt_token_ids, self.args.block_size)
                   if sr.prompt_token_ids is not None and self.args.enable_prefix_caching else [])
-        r = Req(len(self.reqs), sr.prompt_len, sr.output_len, sr.arrival, hashes, user)
-        self.reqs.append(r)
+        r = Req(self._n_added, sr.prompt_len, sr.output_len, sr.arrival, hashes, user)
+        self._n_added += 1
+        if self.keep_history:
+            self.reqs.append(r)
         self.sched.add(r)
         return r
 
@@ -173,6 +180,9 @@ class Engine:
                                  st.prefill_work, st.num_scheduled)
         end = now + dt * self._jitter()
         sched.complete(s)
+        self.step_idx = s + 1
+        if not self.keep_history:
+            return end, st
         self.step_start.append(now)
         self.step_end.append(end)
         tl = self._tl
@@ -183,7 +193,6 @@ class Engine:
         tl[4].append(st.num_tokens)
         tl[5].append(st.prefill_tokens)
         tl[6].append(st.decode_tokens)
-        self.step_idx = s + 1
         return end, st
 
     # -- results -------------------------------------------------------------------

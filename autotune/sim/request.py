@@ -43,9 +43,30 @@ class Req:
     """
 
     __slots__ = (
-        "anon", "arrival", "c0", "computed", "dec", "fin_step", "finish_reason", "hashed",
-        "hashes", "idx", "max_tokens", "o0", "output", "preemptions", "prompt_len", "s0", "segs",
-        "seq", "status", "t_finish", "t_first", "t_sched", "user",
+        "anon",
+        "arrival",
+        "c0",
+        "cached",
+        "computed",
+        "dec",
+        "fin_step",
+        "finish_reason",
+        "hashed",
+        "hashes",
+        "idx",
+        "max_tokens",
+        "o0",
+        "output",
+        "preemptions",
+        "prompt_len",
+        "s0",
+        "segs",
+        "seq",
+        "status",
+        "t_finish",
+        "t_first",
+        "t_sched",
+        "user",
     )
 
     def __init__(self, idx: int, prompt_len: int, max_tokens: int, arrival: float,
@@ -65,6 +86,7 @@ class Req:
         self.dec = False
         self.s0 = self.c0 = self.o0 = self.fin_step = 0
         self.preemptions = 0
+        self.cached = 0  # prompt tokens served from the prefix cache at first admission
         # step indices (-1 = not yet); the engine maps them to times
         self.t_sched = -1
         self.t_first = -1

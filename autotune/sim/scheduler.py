@@ -272,6 +272,7 @@ class Scheduler:
             self.explicit[r] = None
             if r.t_sched < 0:
                 r.t_sched = s
+                r.cached = computed
             self._alloc(r, n, nb)
             budget_left -= n
             used += n
@@ -321,6 +322,25 @@ class Scheduler:
                 r.output = r.max_tokens
                 r.computed = r.c0 + (s - r.s0) + 1
                 self._finish(r, s)
+
+    def abort(self, r: Req, s: int) -> None:
+        """Drop a request between steps (client went away): free its blocks, as vLLM's
+        ``finish_requests(..., FINISHED_ABORTED)``. ``s`` is the next step to be scheduled."""
+        if r.status == WAITING:
+            try:
+                self.waiting.remove(r)
+            except ValueError:
+                return
+            r.status = FINISHED
+            r.finish_reason = "abort"
+            return
+        if r.status != RUNNING:
+            return
+        if r.dec:
+            self._leave_decode(r, s)
+        self._finish(r, s - 1)
+        r.finish_reason = "abort"
+        self.finished.remove(r)
 
     def _finish(self, r: Req, s: int) -> None:
         del self.running[r]
