@@ -1,0 +1,42 @@
+"""Load generation: send a workload to an OpenAI-compatible server, time every request.
+
+- :mod:`~autotune.loadgen.spec`: the ``RequestSpec`` Protocol a workload request satisfies.
+- :mod:`~autotune.loadgen.client`: aiohttp streaming client (one request -> one record).
+- :mod:`~autotune.loadgen.runner`: arrival schedule, concurrency limit, warm-up, drain.
+- :mod:`~autotune.loadgen.metrics`: ``vllm bench serve``'s statistics over the records.
+- :mod:`~autotune.loadgen.probe`: ``/v1/models`` and ``/version`` before a run.
+"""
+
+from __future__ import annotations
+
+from autotune.loadgen.client import DEFAULT_STALL_TIMEOUT, Endpoint, make_session, send_request
+from autotune.loadgen.metrics import (
+    DEFAULT_PERCENTILES,
+    RequestRecord,
+    error_kind,
+    peak_concurrency,
+    summarize,
+    windowed,
+)
+from autotune.loadgen.probe import ServerInfo, probe_server
+from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
+from autotune.loadgen.spec import RequestSpec
+
+__all__ = [
+    "DEFAULT_PERCENTILES",
+    "DEFAULT_STALL_TIMEOUT",
+    "Endpoint",
+    "LoadResult",
+    "ProgressSnapshot",
+    "RequestRecord",
+    "RequestSpec",
+    "ServerInfo",
+    "error_kind",
+    "make_session",
+    "peak_concurrency",
+    "probe_server",
+    "run_load",
+    "send_request",
+    "summarize",
+    "windowed",
+]

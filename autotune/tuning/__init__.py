@@ -1,0 +1,1 @@
+"""Tuning: the fixed-order search space, scoring, strategies and the trial loop."""
