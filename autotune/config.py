@@ -71,7 +71,7 @@ class WorkloadConfig(_Model):
     input_sigma: float = Field(0.5, ge=0)
     output_sigma: float = Field(0.5, ge=0)
     range_ratio: float = Field(0.0, ge=0, lt=1)
-    arrival: Literal["poisson", "gamma", "constant", "trace", "closed"] = "poisson"
+    arrival: Literal["poisson", "gamma", "constant", "trace", "closed", "all-at-once"] = "poisson"
     rate: float | None = Field(None, gt=0, description="requests/s at load scale 1.0")
     burstiness: float = Field(1.0, gt=0)
     concurrency: int | None = Field(None, ge=1, description="closed loop: requests in flight")

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import cli
+from autotune.cli import sim as cli_sim
 from autotune.errors import ProfileError
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -138,7 +139,7 @@ def test_main_keyboard_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch,
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "builtin_hardware", interrupted)
+    monkeypatch.setattr(cli_sim, "builtin_hardware", interrupted)
     code, _, _ = run_main(["sim", "hardware"], capsys)
     assert code == 130
 
@@ -148,7 +149,7 @@ def test_main_lets_bugs_through(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken() -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(cli, "builtin_hardware", broken)
+    monkeypatch.setattr(cli_sim, "builtin_hardware", broken)
     with pytest.raises(RuntimeError, match="bug"):
         cli.main(["sim", "hardware"])
 

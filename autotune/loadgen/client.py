@@ -212,6 +212,8 @@ async def _exchange(
         attempt.fail(f"client: {exc}")
         return
     headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
+    # vLLM takes X-Request-Id as the request's id: server logs and metrics line up with ours
+    headers["X-Request-Id"] = attempt.request_id
     # sock_read is the stall timeout: aiohttp re-arms it on every read, headers included.
     per_request = aiohttp.ClientTimeout(
         total=None, sock_read=options.stall_timeout, sock_connect=options.stall_timeout

@@ -27,6 +27,9 @@ class ServerInfo:
     max_model_len: int | None  # None when the server does not report it
     version: str | None  # None when /version is missing (non-vLLM servers)
     time_scale: float  # engine seconds per wall second; 1.0 for a real vLLM
+    # Reported by autotune's simulated server only: token-id prompts must stay below it.
+    vocab_size: int | None = None
+    simulated: bool = False
 
 
 async def _get_json(
@@ -87,4 +90,6 @@ async def probe_server(
         else None,
         version=str(info["version"]) if "version" in info else None,
         time_scale=_positive(info.get("time_scale", 1.0), base_url),
+        vocab_size=info["vocab_size"] if isinstance(info.get("vocab_size"), int) else None,
+        simulated=info.get("simulated") is True,
     )

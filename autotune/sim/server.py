@@ -149,7 +149,8 @@ class SimServer:
     async def version(self, _r: web.Request) -> web.Response:
         return web.json_response({"version": VLLM_VERSION, "simulated": True,
                                   "time_scale": self.clock.scale,
-                                  "hardware": self.engine.hardware.name})
+                                  "hardware": self.engine.hardware.name,
+                                  "vocab_size": self.engine.model.vocab_size})
 
     async def models(self, _r: web.Request) -> web.Response:
         card = {"id": self.model_name, "object": "model", "created": int(time.time()),
@@ -245,7 +246,7 @@ class SimServer:
         if len(ids) + max(max_tokens, 1) > mml or max_tokens < 1:
             return _error(400, context_length_error(mml, len(ids), max(max_tokens, 0)),
                           "BadRequestError")
-        stream = self._submit(ids, max_tokens)
+        stream = self._submit(ids, max_tokens, request.headers.get("X-Request-Id"))
         try:
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -256,9 +257,9 @@ class SimServer:
             if stream.req is None or stream.req.status != FINISHED:
                 self._abort(stream)
 
-    def _submit(self, ids: list[int], max_tokens: int) -> _Stream:
+    def _submit(self, ids: list[int], max_tokens: int, request_id: str | None) -> _Stream:
         self._n += 1
-        s = _Stream(request_id=f"cmpl-{uuid.uuid4().hex}", arrival=self.clock.now(),
+        s = _Stream(request_id=request_id or uuid.uuid4().hex, arrival=self.clock.now(),
                     prompt_ids=ids, max_tokens=max_tokens,
                     rng=random.Random(self.seed * 1_000_003 + self._n))
         self._pending.append(s)
@@ -279,7 +280,7 @@ class SimServer:
         await resp.prepare(request)
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-        rid = ("chatcmpl-" if chat else "cmpl-") + s.request_id.split("-", 1)[1]
+        rid = ("chatcmpl-" if chat else "cmpl-") + s.request_id
 
         async def send(payload: dict[str, Any]) -> None:
             await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
@@ -325,7 +326,7 @@ class SimServer:
         text = "".join(self._token_text(t) for t in out)
         usage = {"prompt_tokens": len(s.prompt_ids), "total_tokens": len(s.prompt_ids) + len(out),
                  "completion_tokens": len(out)}
-        rid = ("chatcmpl-" if chat else "cmpl-") + s.request_id.split("-", 1)[1]
+        rid = ("chatcmpl-" if chat else "cmpl-") + s.request_id
         if chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
                                       "content": text}, "logprobs": None, "finish_reason": reason}

@@ -1,26 +1,19 @@
-"""The ``autotune`` command line: parse, call the library, print. No logic of its own.
-
-Errors: library code raises :class:`~autotune.errors.AutotuneError` subclasses with messages
-written for users; :func:`main` turns them into one ``error: ...`` line and exit status 1.
-Anything else is a bug and keeps its traceback.
-"""
+"""``autotune sim ...``: built-in profiles, one simulated run, the simulated server."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import sys
-from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from autotune.errors import AutotuneError, SimStartupError
-from autotune.log import setup_logging
+from autotune.cli._app import console as _console
+from autotune.cli._app import print_json as _print_json
+from autotune.cli._app import sim_app
+from autotune.errors import SimStartupError
 from autotune.sim.args import EngineArgs
 from autotune.sim.hardware import GiB, HardwareProfile, builtin_hardware, get_hardware
 from autotune.sim.models import ModelProfile, builtin_models, get_model
@@ -28,46 +21,9 @@ from autotune.sim.models import ModelProfile, builtin_models, get_model
 if TYPE_CHECKING:
     from autotune.sim.engine import SimResult
 
-__all__ = ["app", "main"]
+__all__: list[str] = []
 
-log = logging.getLogger(__name__)
-
-app = typer.Typer(
-    name="autotune",
-    help="Tune vLLM engine args with Optuna; ships a simulated vLLM engine.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-sim_app = typer.Typer(
-    help="The simulated vLLM engine: built-in profiles and single runs.",
-    no_args_is_help=True,
-)
-app.add_typer(sim_app, name="sim")
-
-# Piped output (files, CI logs, tests) has no terminal width; rich would then wrap tables at
-# 80 columns and split long model names across lines. Tables only take the width they need.
-_PIPE_WIDTH = 200
-
-
-def _console() -> Console:
-    return Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH)
-
-
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
-
-
-@app.callback()
-def _root(
-    log_level: Annotated[
-        str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR or CRITICAL.")
-    ] = "WARNING",
-    log_json: Annotated[
-        bool, typer.Option("--log-json", help="Log JSON lines to stderr.")
-    ] = False,
-) -> None:
-    # WARNING by default: stdout is the product; INFO shows vLLM-style startup log lines.
-    setup_logging(log_level, json=log_json)
+log = logging.getLogger("autotune.cli")
 
 
 # -- sim hardware -------------------------------------------------------------------------
@@ -293,26 +249,3 @@ def _sim_serve(ctx: typer.Context) -> None:
     raise typer.Exit(serve_main(list(ctx.args)))
 
 
-# -- entry point --------------------------------------------------------------------------
-
-
-def _one_line(message: str) -> str:
-    # vLLM's pydantic errors span several lines; the CLI promises exactly one.
-    return " ".join(part.strip() for part in message.splitlines() if part.strip())
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry: run the app; an AutotuneError becomes ``error: ...`` and exit 1."""
-    try:
-        # Standalone mode: Click prints usage errors itself and exits 2; typer turns a
-        # KeyboardInterrupt inside a command into exit 130.
-        app(args=list(argv) if argv is not None else None, prog_name="autotune")
-    except AutotuneError as exc:
-        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:  # outside typer's reach (e.g. during start-up)
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,64 @@
+"""The typer apps and the output helpers every command module shares.
+
+Errors: library code raises :class:`~autotune.errors.AutotuneError` subclasses with messages
+written for users; :func:`main` turns them into one ``error: ...`` line and exit status 1.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from autotune.log import setup_logging
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["app", "console", "print_json", "sim_app"]
+
+log = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="autotune",
+    help="Tune vLLM engine args with Optuna; ships a simulated vLLM engine.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+sim_app = typer.Typer(
+    help="The simulated vLLM engine: built-in profiles and single runs.",
+    no_args_is_help=True,
+)
+app.add_typer(sim_app, name="sim")
+
+# Piped output (files, CI logs, tests) has no terminal width; rich would then wrap tables at
+# 80 columns and split long model names across lines. Tables only take the width they need.
+_PIPE_WIDTH = 200
+
+
+def console() -> Console:
+    return Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH)
+
+
+def print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+@app.callback()
+def _root(
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    ] = "WARNING",
+    log_json: Annotated[
+        bool, typer.Option("--log-json", help="Log JSON lines to stderr.")
+    ] = False,
+) -> None:
+    # WARNING by default: stdout is the product; INFO shows vLLM-style startup log lines.
+    setup_logging(log_level, json=log_json)
+
+

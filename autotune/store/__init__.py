@@ -1,0 +1,24 @@
+"""The study store: studies, trials and load levels, in the database Optuna also uses.
+
+Open it with :meth:`Store.open` (a URL, ``$AUTOTUNE_DATABASE_URL`` or ``sqlite:///autotune.db``)
+and exchange the plain records of :mod:`autotune.store.records`; nothing outside this
+package sees SQLAlchemy. Schema changes are Alembic revisions (:mod:`autotune.store.migrate`).
+"""
+
+from __future__ import annotations
+
+from autotune.store.db import DEFAULT_URL, ENV_VAR, Store, resolve_url
+from autotune.store.migrate import VERSION_TABLE
+from autotune.store.records import LevelRecord, StudyRecord, StudySummary, TrialRecord
+
+__all__ = [
+    "DEFAULT_URL",
+    "ENV_VAR",
+    "VERSION_TABLE",
+    "LevelRecord",
+    "Store",
+    "StudyRecord",
+    "StudySummary",
+    "TrialRecord",
+    "resolve_url",
+]

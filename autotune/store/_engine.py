@@ -1,0 +1,116 @@
+"""Engines for the study database: URL normalising and masking, SQLite set-up, and the
+translation of driver errors into one-line :class:`StorageError` messages."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, StatementError
+
+from autotune.errors import StorageError
+
+# Execution option read by the SQLite "begin" hook: "IMMEDIATE" takes the write lock at
+# BEGIN, so two processes upgrading one fresh file queue up instead of one failing.
+SQLITE_BEGIN = "autotune_sqlite_begin"
+# A dead or firewalled PostgreSQL host should fail in seconds, not hang the CLI.
+PG_CONNECT_TIMEOUT_S = 10
+# Optuna and autotune may write to one SQLite file at once; wait for the lock a while.
+SQLITE_BUSY_TIMEOUT_S = 30
+
+_URL_HINT = "e.g. sqlite:///autotune.db or postgresql+psycopg://user@host:5432/autotune"
+
+
+def normalize_url(url: str) -> str:
+    """Check ``url`` parses, and spell PostgreSQL with psycopg 3.
+
+    A bare ``postgresql://`` (or Heroku-style ``postgres://``) makes SQLAlchemy load
+    psycopg2, which autotune does not depend on; Optuna is handed the same URL, so both
+    get ``postgresql+psycopg://``.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        # The text is not echoed: it may hold a password that could not be located.
+        raise StorageError(f"the study database setting is not a database URL ({_URL_HINT})") \
+            from exc
+    if parsed.drivername in ("postgres", "postgresql"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable URL>"
+
+
+def one_line(exc: BaseException) -> str:
+    """The driver's own message, first line only, whitespace collapsed."""
+    # SQLAlchemy's own text adds the SQL and a link; the wrapped error says what went wrong.
+    orig = exc.orig if isinstance(exc, StatementError) and exc.orig is not None else exc
+    lines = [ln.strip() for ln in str(orig).splitlines() if ln.strip()]
+    text = re.sub(r"\s+", " ", lines[0]) if lines else type(orig).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def is_unique_violation(exc: DBAPIError) -> bool:
+    """Whether ``exc`` is a UNIQUE violation (PostgreSQL SQLSTATE 23505, or SQLite's text)."""
+    return (getattr(exc.orig, "sqlstate", None) == "23505"
+            or "UNIQUE constraint failed" in str(exc.orig))
+
+
+def connect_error(url: str, exc: BaseException) -> StorageError:
+    """The error for a database that cannot be reached or opened at all."""
+    if url.startswith("sqlite"):
+        return StorageError(f"cannot open the study database at {mask_url(url)}: "
+                            f"{one_line(exc)}; check the path (its folder must exist and be "
+                            "writable)")
+    return StorageError(f"cannot connect to the study database at {mask_url(url)}: "
+                        f"{one_line(exc)}; check that the server is running and the URL is "
+                        "right (--storage or AUTOTUNE_DATABASE_URL)")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` (already normalised); StorageError if it cannot be used."""
+    parsed = make_url(url)
+    kwargs: dict[str, Any] = {}
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        kwargs["pool_pre_ping"] = True  # a long study outlives server restarts
+        if "connect_timeout" not in parsed.query:
+            kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    elif backend == "sqlite" and "timeout" not in parsed.query:
+        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except (ImportError, NoSuchModuleError, ArgumentError) as exc:
+        raise StorageError(f"cannot use the study database URL {mask_url(url)}: "
+                           f"{one_line(exc)} ({_URL_HINT})") from exc
+    if engine.dialect.name == "sqlite":
+        _setup_sqlite(engine)
+    return engine
+
+
+def _setup_sqlite(engine: Engine) -> None:
+    """Real transactions and enforced foreign keys on SQLite.
+
+    pysqlite starts transactions itself and only before DML, so DDL would run outside them
+    (a failed migration could leave half a schema) and SAVEPOINTs misbehave; SQLAlchemy's
+    documented fix is to switch that off and emit BEGIN from the "begin" event. Foreign keys
+    are off by default in SQLite; they carry the cascade from a study to its trials/levels.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute("PRAGMA foreign_keys=ON")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        mode = connection.get_execution_options().get(SQLITE_BEGIN, "")
+        connection.exec_driver_sql(f"BEGIN {mode}".rstrip())

@@ -1,0 +1,1 @@
+"""autotune's Alembic environment and revisions; run them via autotune.store.migrate."""

@@ -1,0 +1,1 @@
+"""Alembic revision scripts for autotune's tables (see autotune.store.migrate)."""

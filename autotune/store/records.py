@@ -1,0 +1,113 @@
+"""What the study store reads and writes: plain dataclasses, free of SQLAlchemy.
+
+The study controller, the CLI and reports build and consume these; only
+:mod:`autotune.store.db` knows how they map to tables. ``id`` and the timestamps are
+filled in by the store (``None`` on a record that was never stored).
+
+JSON-valued fields (``dict``/``list``) round-trip as JSON does: tuples come back as lists,
+and non-finite floats (NaN, ±Infinity), which JSON cannot represent and PostgreSQL rejects,
+come back as ``None``. A NaN in a plain float field also reads back as ``None`` (SQLite
+cannot store NaN), so both backends answer alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = ["LevelRecord", "StudyRecord", "StudySummary", "TrialRecord"]
+
+
+@dataclass
+class StudyRecord:
+    """One autotune study; ``optuna_study_name`` names its Optuna study in the same DB."""
+
+    name: str
+    config_yaml: str
+    workload_profile: dict[str, Any]
+    mode: str
+    worker_kind: str
+    optuna_study_name: str
+    created_at: datetime | None = None
+    id: int | None = None
+
+
+@dataclass
+class LevelRecord:
+    """One load level of a trial's capacity sweep (``scale`` times the base rate).
+
+    ``metrics`` is the full ``vllm bench serve``-style result; the named columns are the
+    parts reports and queries need without parsing it.
+    """
+
+    level_index: int
+    scale: float
+    offered_rate: float | None
+    achieved_rate: float
+    completed: int
+    failed: int
+    over_length: int
+    error_rate: float
+    p99_ttft_ms: float | None
+    p99_tpot_ms: float | None
+    p99_itl_ms: float | None
+    output_throughput: float
+    request_throughput: float
+    goodput: float | None
+    feasible: bool
+    metrics: dict[str, Any]
+    telemetry: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None
+    id: int | None = None
+
+
+@dataclass
+class TrialRecord:
+    """One Optuna trial: the engine config tried, how the worker fared, and its levels.
+
+    ``state`` is ``"RUNNING"``, ``"COMPLETE"`` or ``"FAIL"``; ``params`` is what the sampler
+    suggested and ``engine_args`` what was actually passed to vLLM (the two differ when
+    extras are added or values are derived).
+    """
+
+    study_name: str
+    optuna_trial_number: int
+    stage: str
+    state: str
+    params: dict[str, Any]
+    engine_args: dict[str, Any]
+    launch_command: str | None
+    launch_argv: list[str] | None
+    worker_kind: str
+    startup_s: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    failure_class: str | None = None
+    log_tail: str | None = None
+    objective: float | None = None
+    constraints: list[float] = field(default_factory=list)
+    feasible: bool | None = None
+    capacity_scale: float | None = None
+    diagnosis: dict[str, Any] | None = None
+    levels: list[LevelRecord] = field(default_factory=list)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    id: int | None = None
+
+
+@dataclass
+class StudySummary:
+    """A row of ``autotune study list``.
+
+    ``best_objective`` is the highest objective of a COMPLETE trial not marked infeasible
+    (autotune's objectives — capacity, goodput, throughput — are all maximised).
+    """
+
+    name: str
+    mode: str
+    worker_kind: str
+    created_at: datetime
+    n_trials: int
+    n_complete: int
+    best_objective: float | None

@@ -1,0 +1,35 @@
+"""Worker lifecycle: launch a (real or simulated) vLLM server per trial, check it serves,
+read its KV capacity, and make sure nothing of it survives ``stop``.
+
+- :mod:`autotune.workers.supervisor`: one process group from launch to empty.
+- :mod:`autotune.workers.vllm`: ``vllm serve`` command lines and :class:`VllmWorker`.
+- :mod:`autotune.workers.sim`: :class:`SimWorker`, the same over ``autotune sim serve``.
+- :mod:`autotune.workers.logs`: startup facts and failure classification from logs.
+"""
+
+from __future__ import annotations
+
+from autotune.workers.logs import StartupFacts, classify_worker_log, parse_startup_facts
+from autotune.workers.sim import SimWorker
+from autotune.workers.supervisor import ProcessSupervisor, WorkerLaunchError
+from autotune.workers.vllm import (
+    VllmWorker,
+    WorkerInfo,
+    format_command,
+    parse_cache_config_info,
+    vllm_argv,
+)
+
+__all__ = [
+    "ProcessSupervisor",
+    "SimWorker",
+    "StartupFacts",
+    "VllmWorker",
+    "WorkerInfo",
+    "WorkerLaunchError",
+    "classify_worker_log",
+    "format_command",
+    "parse_cache_config_info",
+    "parse_startup_facts",
+    "vllm_argv",
+]

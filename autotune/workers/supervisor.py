@@ -1,0 +1,308 @@
+"""One server process and everything it spawns, from launch to "no process left".
+
+Modelled on vLLM's ``bench sweep`` server handling: the server runs as the leader of its own
+session and process group (vLLM forks an EngineCore, workers and a resource tracker, and a
+crashed API server can leave them behind), readiness polls ``/health`` against a monotonic
+deadline and stops early when the process dies, and cleanup signals the whole group, even
+when the leader has already exited, and returns only once the group is empty, so the next
+trial never meets the previous one's memory or port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import aiohttp
+
+from autotune.errors import AutotuneError, ConfigError, WorkerStartupError
+from autotune.failures import FailureClass, FailureMatch
+from autotune.workers.logs import classify_worker_log, log_tail
+
+__all__ = ["ProcessSupervisor", "WorkerLaunchError"]
+
+log = logging.getLogger(__name__)
+
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper: bool | None = None
+# Seconds one /health probe may take; longer means "not ready yet", not "failed".
+_POLL_TIMEOUT_S = 2.0
+_POLL_MAX_INTERVAL_S = 0.5
+# After SIGKILL a process only lingers in uninterruptible sleep (e.g. a GPU driver call).
+_KILL_WAIT_S = 30.0
+
+
+class WorkerLaunchError(WorkerStartupError):
+    """A :class:`WorkerStartupError` with what the caller needs to record the failure.
+
+    The extra fields are attributes set after construction, so the constructor stays the one
+    of :class:`WorkerStartupError` and code that only knows that type keeps working.
+    """
+
+    log_tail: str = ""
+    elapsed_s: float = 0.0
+    estimated_max_model_len: int | None = None
+    returncode: int | None = None
+    log_path: Path | None = None
+
+
+def _become_subreaper() -> bool:
+    """Adopt our descendants' orphans (Linux), so their zombies can be reaped here.
+
+    When a server's leader exits first, its children are re-parented. In containers PID 1 is
+    often not an init that reaps, and a zombie still counts as a group member, so without
+    this the group would never look empty. Process-wide and idempotent.
+    """
+    global _subreaper
+    if _subreaper is None:
+        _subreaper = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                _subreaper = int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+            except (OSError, AttributeError):
+                pass
+    return _subreaper
+
+
+def _group_members(pgid: int) -> list[tuple[int, str, int]] | None:
+    """``(pid, state, ppid)`` of every process in the group from /proc; None without /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    members = []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            data = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = data[data.rindex(")") + 2:].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid:
+            members.append((int(name), fields[0], int(fields[1])))
+    return members
+
+
+class ProcessSupervisor:
+    """Launch ``argv`` in its own process group, wait for ``/health``, kill the group.
+
+    One-shot: ``start`` once, ``stop`` any number of times. Output (stdout and stderr) goes
+    to ``log_path``, which is truncated at launch.
+    """
+
+    def __init__(self, argv: list[str], *, env: Mapping[str, str] | None, log_path: Path,
+                 health_url: str, startup_timeout_s: float, grace_s: float = 10.0,
+                 cwd: Path | None = None) -> None:
+        if not argv:
+            raise ValueError("argv must not be empty")
+        self.argv = list(argv)
+        self.env = dict(env) if env is not None else None
+        self.log_path = log_path
+        self.health_url = health_url
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started_at = 0.0
+        self._stopped = False
+        self._died_before_stop = False
+        self._lock = asyncio.Lock()
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The leader's pid, which is also the process-group id (None before start)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since launch (0 before start)."""
+        return time.monotonic() - self._started_at if self._proc is not None else 0.0
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` has emptied the group."""
+        return self._stopped
+
+    @property
+    def died_before_stop(self) -> bool:
+        """True when the leader had exited on its own before :meth:`stop` was called."""
+        return self._died_before_stop
+
+    def alive(self) -> bool:
+        """Whether the leader runs. Its children are not checked: vLLM's API server exits
+        when its engine dies, and ``stop`` deals with any that remain."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_lines(self) -> list[str]:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+
+    # -- start ---------------------------------------------------------------------------
+
+    async def start(self) -> float:
+        """Launch and wait until ``health_url`` answers 200. Returns seconds to ready.
+
+        Raises :class:`WorkerLaunchError`: the log's failure class when the process exits
+        first, ``STARTUP_TIMEOUT`` at the deadline; in both cases the group is gone by then.
+        :class:`~autotune.errors.ConfigError` when ``argv`` cannot be executed at all.
+        """
+        if self._proc is not None:
+            raise RuntimeError("ProcessSupervisor is one-shot: start() was already called")
+        _become_subreaper()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as out:
+            # The child holds its own copy of the descriptor, so ours can close at once.
+            try:
+                self._proc = subprocess.Popen(
+                    self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as exc:  # no such executable: a set-up error, not a trial's
+                raise ConfigError(f"cannot launch {self.argv[0]!r}: {exc}") from exc
+        self._started_at = time.monotonic()
+        log.debug("started pid %d: %s", self._proc.pid, self.argv)
+        try:
+            return await self._wait_ready(self._started_at + self.startup_timeout_s)
+        except BaseException:
+            await self.stop()  # also on cancellation: never leave a half-started server
+            raise
+
+    async def _wait_ready(self, deadline: float) -> float:
+        proc = self._proc
+        assert proc is not None
+        interval = 0.05
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if proc.poll() is not None:
+                    raise await self._failure(None)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise await self._failure(FailureClass.STARTUP_TIMEOUT)
+                if await self._probe(session, min(_POLL_TIMEOUT_S, remaining)):
+                    # A 200 from someone else's server on our port would look like success;
+                    # ours would die on the bind, so insist that it still runs.
+                    if proc.poll() is None:
+                        return time.monotonic() - self._started_at
+                    continue
+                await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+                interval = min(interval * 2, _POLL_MAX_INTERVAL_S)
+
+    async def _probe(self, session: aiohttp.ClientSession, timeout_s: float) -> bool:
+        try:
+            async with session.get(self.health_url,
+                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def _failure(self, forced: FailureClass | None) -> WorkerLaunchError:
+        """Kill what is left, then build the error from the complete log."""
+        elapsed = time.monotonic() - self._started_at
+        rc = self.returncode
+        await self.stop()  # grandchildren may still be writing; read the log after
+        lines = self.log_lines()
+        match = classify_worker_log(lines)
+        if forced is FailureClass.STARTUP_TIMEOUT:
+            message = (f"no 200 from {self.health_url} within {self.startup_timeout_s:g} s; "
+                       f"process group killed")
+            match = FailureMatch(forced, match.line, match.estimated_max_model_len)
+        else:
+            message = f"worker exited with code {rc} after {elapsed:.1f} s"
+            if match.line:
+                message += f": {match.line}"
+        err = WorkerLaunchError(message, match.failure_class)
+        err.log_tail = log_tail(lines)
+        err.elapsed_s = elapsed
+        err.estimated_max_model_len = match.estimated_max_model_len
+        err.returncode = rc
+        err.log_path = self.log_path
+        return err
+
+    # -- stop ----------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_s``, return when no member is left.
+
+        Safe to call twice, before start, and after the leader exited (its orphans are
+        still in the group and still killed). Raises :class:`AutotuneError` only when
+        processes survive SIGKILL, so that no next trial starts beside them.
+        """
+        async with self._lock:
+            proc = self._proc
+            if proc is None or self._stopped:
+                return
+            if not self._died_before_stop and proc.poll() is not None:
+                self._died_before_stop = True
+            pgid = proc.pid
+            if not self._group_gone(pgid):
+                self._signal(pgid, signal.SIGTERM)
+                if not await self._wait_gone(pgid, self.grace_s):
+                    log.warning("process group %d ignored SIGTERM for %g s; sending SIGKILL",
+                                pgid, self.grace_s)
+                    self._signal(pgid, signal.SIGKILL)
+                    if not await self._wait_gone(pgid, _KILL_WAIT_S):
+                        raise AutotuneError(
+                            f"process group {pgid} still has members {_KILL_WAIT_S:g} s after "
+                            f"SIGKILL: {_group_members(pgid)}")
+            proc.wait()  # already exited; reaps it if _group_gone has not
+            self._stopped = True
+
+    @staticmethod
+    def _signal(pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+
+    async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self._group_gone(pgid):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    def _group_gone(self, pgid: int) -> bool:
+        assert self._proc is not None
+        self._proc.poll()  # reap the leader: a zombie leader keeps the group alive
+        self._reap_orphans(pgid)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # a member we may not signal exists
+        me = os.getpid()
+        members = _group_members(pgid)
+        # Zombies whose parent is not us (no subreaper here) and does not reap them, as PID 1
+        # in many containers, are dead already: nothing is left that holds memory or a
+        # port. Our own zombies are reaped on the next pass.
+        return members is not None and all(state == "Z" and ppid != me
+                                           for _, state, ppid in members)
+
+    def _reap_orphans(self, pgid: int) -> None:
+        """Reap zombies of the group that were re-parented to us (see _become_subreaper).
+        The leader is left to Popen, whose returncode would be lost otherwise."""
+        assert self._proc is not None
+        me = os.getpid()
+        for pid, state, ppid in _group_members(pgid) or ():
+            if state == "Z" and ppid == me and pid != self._proc.pid:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,309 @@
+"""A ``vllm serve`` worker for one trial: command line, isolated launch, smoke test, KV facts.
+
+The command line is built from engine args the way ``vllm serve`` spells flags (vllm.md §8)
+and stored verbatim with each trial, so a result can be reproduced by pasting its command.
+``/health`` = 200 does not prove the engine can serve (the CPU head_dim case of vllm.md §8
+passed ``/health`` and died on its first request), so every start ends with one real
+completion before the worker is handed out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from autotune.failures import FailureClass, FailureMatch, classify_log
+from autotune.workers.logs import (
+    StartupFacts,
+    classify_worker_log,
+    last_error_line,
+    log_tail,
+    parse_cache_config_info,
+    parse_startup_facts,
+)
+from autotune.workers.supervisor import ProcessSupervisor, WorkerLaunchError
+
+__all__ = [
+    "StartupFacts",
+    "VllmWorker",
+    "WorkerInfo",
+    "classify_worker_log",
+    "format_command",
+    "parse_cache_config_info",
+    "parse_startup_facts",
+    "vllm_argv",
+]
+
+# The tuned knobs lead, in this order, so stored commands of one study line up when read.
+TUNED_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs",
+               "max_num_batched_tokens")
+# Privacy and reproducibility: no telemetry, no hub access during a trial (vllm-cpu.md).
+DEFAULT_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1"}
+_RESERVED = ("model", "host", "port", "served_model_name")
+_PORT_ATTEMPTS = 3  # a freed port can be taken by someone else before vLLM binds it
+
+
+def _key(name: str) -> str:
+    return name.lstrip("-").replace("-", "_")
+
+
+def _flag_args(key: str, value: Any) -> list[str]:
+    flag = "--" + key.replace("_", "-")
+    if value is None:
+        return []
+    if isinstance(value, bool):  # before int: bool is an int
+        return [flag] if value else ["--no-" + flag[2:]]
+    if isinstance(value, Mapping):  # vLLM reads dict-valued args (--compilation-config) as JSON
+        return [flag, json.dumps(value, sort_keys=True, separators=(",", ":"))]
+    if isinstance(value, list | tuple):
+        if not value:
+            raise ValueError(f"{flag}: an empty list cannot be written as a flag")
+        return [flag, *(str(v) for v in value)]  # nargs="+" style, as --served-model-name
+    return [flag, str(value)]
+
+
+def vllm_argv(executable: Sequence[str], model: str, engine_args: Mapping[str, Any], *,
+              static_args: Mapping[str, Any] | None = None, host: str, port: int,
+              served_model_name: str | None = None) -> list[str]:
+    """``executable + ["serve", model, flags...]``.
+
+    Engine args come first (the tuned four in :data:`TUNED_ORDER`, the rest sorted), then
+    static args in their given order, then ``--host``/``--port``/``--served-model-name``.
+    ``snake_case`` becomes ``--kebab-case``; True ``--flag``, False ``--no-flag``, None is
+    left out, lists become ``--flag a b``, mappings JSON. A flag given twice is an error:
+    argparse would silently keep the last one.
+    """
+    engine = {_key(k): v for k, v in engine_args.items()}
+    static = {_key(k): v for k, v in (static_args or {}).items()}
+    clash = sorted((engine.keys() & static.keys()) | ((engine.keys() | static.keys())
+                                                      & set(_RESERVED)))
+    if clash:
+        raise ValueError(f"flags given twice or reserved for the worker: {', '.join(clash)}")
+    ordered = [k for k in TUNED_ORDER if k in engine]
+    ordered += sorted(k for k in engine if k not in TUNED_ORDER)
+    argv = [*executable, "serve", model]
+    for k in ordered:
+        argv += _flag_args(k, engine[k])
+    for k, v in static.items():
+        argv += _flag_args(k, v)
+    argv += ["--host", host, "--port", str(port)]
+    if served_model_name is not None:
+        argv += ["--served-model-name", served_model_name]
+    return argv
+
+
+def format_command(argv: Sequence[str]) -> str:
+    """The shell-quoted command, for storing and printing (``shlex.split`` round-trips)."""
+    return shlex.join(argv)
+
+
+def _num(labels: Mapping[str, str], key: str) -> float | None:
+    try:
+        return float(labels[key])
+    except (KeyError, ValueError):  # absent, or "None" as vLLM writes unset values
+        return None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A started, smoke-tested worker. ``startup_s``: launch to ``/health`` 200."""
+
+    base_url: str
+    argv: tuple[str, ...]
+    command: str
+    startup_s: float
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+    num_gpu_blocks: int | None
+    block_size: int | None
+    log_path: Path
+    pid: int
+
+
+class VllmWorker:
+    """Runs one ``vllm serve`` at a time, each trial in ``workdir/<trial_name>/``.
+
+    A trial's environment is ours overlaid with :data:`DEFAULT_ENV`, then ``env``, then the
+    per-trial ``TMPDIR``/``VLLM_CACHE_ROOT``/``TORCHINDUCTOR_CACHE_DIR`` (each launch leaves
+    ZMQ sockets there) and ``CUDA_VISIBLE_DEVICES`` from ``gpus``, which always win.
+    """
+
+    smoke_timeout_s = 120.0  # a first request may compile kernels on real vLLM
+    metrics_timeout_s = 10.0
+    grace_s = 10.0
+
+    def __init__(self, *, executable: Sequence[str] = ("vllm",), model: str,
+                 served_model_name: str | None, static_args: Mapping[str, Any],
+                 env: Mapping[str, str], gpus: str | None, host: str = "127.0.0.1",
+                 startup_timeout_s: float = 900, workdir: Path) -> None:
+        self.executable = tuple(executable)
+        self.model = model
+        self.served_model_name = served_model_name
+        self.static_args = dict(static_args)
+        self.env = dict(env)
+        self.gpus = gpus
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.workdir = workdir
+        self._sup: ProcessSupervisor | None = None
+        self._tmpdir: Path | None = None
+
+    def alive(self) -> bool:
+        return self._sup is not None and self._sup.alive()
+
+    def log_lines(self) -> list[str]:
+        return self._sup.log_lines() if self._sup is not None else []
+
+    def failure(self) -> FailureMatch | None:
+        """Why the server died on its own after a successful start (None if it runs, was
+        never started, or was stopped by us). Always a runtime class: startup is over."""
+        sup = self._sup
+        if sup is None or sup.alive() or (sup.stopped and not sup.died_before_stop):
+            return None
+        lines = sup.log_lines()
+        match = classify_log(lines)
+        if match is not None and match.failure_class in (FailureClass.RUNTIME_OOM,
+                                                         FailureClass.ENGINE_DEAD):
+            return match
+        return FailureMatch(FailureClass.ENGINE_DEAD, last_error_line(lines))
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> WorkerInfo:
+        """Launch, wait for ``/health``, smoke-test, read KV capacity.
+
+        A previous server of this worker is stopped first. Raises
+        :class:`~autotune.workers.supervisor.WorkerLaunchError` once nothing of the failed
+        launch runs any more.
+        """
+        if not trial_name or trial_name in (".", "..") or "/" in trial_name:
+            raise ValueError(f"trial_name must be a plain file name, got {trial_name!r}")
+        await self.stop()
+        trial_dir = self.workdir / trial_name
+        tmpdir = trial_dir / "tmp"
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        tmpdir.mkdir(parents=True)
+        self._tmpdir = tmpdir
+        env = {**os.environ, **DEFAULT_ENV, **self.env, "TMPDIR": str(tmpdir),
+               "VLLM_CACHE_ROOT": str(trial_dir / "vllm-cache"),
+               "TORCHINDUCTOR_CACHE_DIR": str(trial_dir / "torchinductor-cache")}
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
+        for attempt in range(_PORT_ATTEMPTS):
+            port = _free_port(self.host)
+            url_host = f"[{self.host}]" if ":" in self.host else self.host
+            base_url = f"http://{url_host}:{port}"
+            argv = vllm_argv(self.executable, self.model, engine_args,
+                             static_args=self.static_args, host=self.host, port=port,
+                             served_model_name=self.served_model_name)
+            sup = ProcessSupervisor(argv, env=env, log_path=trial_dir / "worker.log",
+                                    health_url=base_url + "/health",
+                                    startup_timeout_s=self.startup_timeout_s,
+                                    grace_s=self.grace_s)
+            self._sup = sup
+            try:
+                startup_s = await sup.start()
+                break
+            except WorkerLaunchError as exc:
+                if (exc.failure_class is FailureClass.PORT_IN_USE
+                        and attempt + 1 < _PORT_ATTEMPTS):
+                    continue
+                self._cleanup_tmp()
+                raise
+            except BaseException:
+                self._cleanup_tmp()
+                raise
+        try:
+            async with aiohttp.ClientSession(base_url) as http:
+                await self._smoke(http, sup)
+                facts = await self._kv_facts(http, sup)
+        except BaseException:
+            await self.stop()
+            raise
+        assert sup.pid is not None
+        return WorkerInfo(base_url=base_url, argv=tuple(argv), command=format_command(argv),
+                          startup_s=startup_s, pid=sup.pid, log_path=sup.log_path, **facts)
+
+    async def _smoke(self, http: aiohttp.ClientSession, sup: ProcessSupervisor) -> None:
+        """One real 1-token completion; a failure is ENGINE_DEAD (or the log's OOM)."""
+        body = {"model": self.served_model_name or self.model, "prompt": "Hello",
+                "max_tokens": 1, "temperature": 0.0}
+        problem = ""
+        try:
+            async with http.post("/v1/completions", json=body,
+                                 timeout=aiohttp.ClientTimeout(total=self.smoke_timeout_s)
+                                 ) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    problem = f"HTTP {resp.status}: {text[:300]}"
+                else:
+                    data = json.loads(text)
+                    usage = data.get("usage") if isinstance(data, dict) else None
+                    tokens = usage.get("completion_tokens", 1) if isinstance(usage, dict) else 1
+                    # the head_dim case answered 200 with no tokens before the engine died
+                    if not isinstance(data, dict) or not data.get("choices") or tokens == 0:
+                        problem = f"no tokens generated: {text[:300]}"
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if not problem:
+            return
+        elapsed = sup.elapsed_s
+        await sup.stop()
+        lines = sup.log_lines()
+        match = classify_log(lines)
+        cls = (match.failure_class if match is not None and match.failure_class
+               in (FailureClass.RUNTIME_OOM, FailureClass.ENGINE_DEAD)
+               else FailureClass.ENGINE_DEAD)
+        err = WorkerLaunchError(f"smoke request failed after /health was 200: {problem}", cls)
+        err.log_tail = log_tail(lines)
+        err.elapsed_s = elapsed
+        err.returncode = sup.returncode
+        err.log_path = sup.log_path
+        raise err
+
+    async def _kv_facts(self, http: aiohttp.ClientSession,
+                        sup: ProcessSupervisor) -> dict[str, Any]:
+        """KV capacity from ``vllm:cache_config_info`` (vLLM ≥ 0.10), else the log."""
+        labels: dict[str, str] | None = None
+        try:
+            async with http.get("/metrics", timeout=aiohttp.ClientTimeout(
+                    total=self.metrics_timeout_s)) as resp:
+                if resp.status == 200:
+                    labels = parse_cache_config_info(await resp.text())
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            labels = None
+        facts = parse_startup_facts(sup.log_lines())
+        got = labels or {}
+        tokens, conc = _num(got, "kv_cache_size_tokens"), _num(got, "kv_cache_max_concurrency")
+        blocks, block_size = _num(got, "num_gpu_blocks"), _num(got, "block_size")
+        return {
+            "kv_cache_tokens": int(tokens) if tokens is not None else facts.kv_cache_tokens,
+            "max_concurrency": conc if conc is not None else facts.max_concurrency,
+            "num_gpu_blocks": int(blocks) if blocks is not None else None,
+            "block_size": int(block_size) if block_size is not None else None,
+        }
+
+    async def stop(self) -> None:
+        """Stop the server (its whole process group) and remove the trial's TMPDIR."""
+        if self._sup is not None:
+            await self._sup.stop()
+        self._cleanup_tmp()
+
+    def _cleanup_tmp(self) -> None:
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None

@@ -1,0 +1,84 @@
+"""The load generator against the simulated server over real HTTP: the client's timings
+agree with the server's own per-request log, and `autotune bench` works end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from autotune.config import WorkloadConfig
+from autotune.loadgen.bench import format_result, parse_goodput, run_bench
+from autotune.sim.args import EngineArgs
+from autotune.sim.engine import Engine
+from autotune.sim.hardware import get_hardware
+from autotune.sim.models import get_model
+from autotune.sim.server import SimServer
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def sim_server(log: io.StringIO, time_scale: float, **args: Any) -> SimServer:
+    m, hw = get_model(MODEL), get_hardware("H100-80GB")
+    eng = Engine(m, hw, EngineArgs(max_model_len=4096, **args), keep_history=False)
+    return SimServer(eng, served_model_name=MODEL, model_path=MODEL, time_scale=time_scale,
+                     request_log=log, stats_interval=0)
+
+
+async def test_client_timings_match_the_servers_request_log() -> None:
+    log = io.StringIO()
+    scale = 5.0
+    srv = sim_server(log, scale)
+    async with TestServer(srv.app()) as ts:
+        wl = WorkloadConfig(source="random", num_prompts=60, input_len=256, output_len=32,
+                            arrival="poisson", rate=8.0, seed=1)
+        out = await run_bench(str(ts.make_url("")), wl)
+    s = out.result.summary
+    assert s["completed"] == 60 and s["failed"] == 0
+    assert s["time_scale"] == scale
+    truth = {r["request_id"]: r for r in map(json.loads, log.getvalue().splitlines())}
+    recs = [r for r in out.result.records if not r.warmup]
+    assert len(truth) == len(recs) == 60
+    ttft_err, e2e_err = [], []
+    for r in recs:
+        t = truth[r.request_id]
+        assert r.output_tokens == t["output_tokens"] == 32
+        assert r.prompt_tokens == t["prompt_tokens"] == 256  # token-id prompts: exact
+        ttft_err.append(r.ttft - (t["first_token"] - t["arrival"]))
+        e2e_err.append(r.e2el - (t["finish"] - t["arrival"]))
+    # Client-side times include HTTP and event-loop delays (in engine seconds: x scale);
+    # they may never be shorter than the server's and should be close to them.
+    ttft_err.sort()
+    e2e_err.sort()
+    assert ttft_err[0] > -0.002 * scale and e2e_err[0] > -0.002 * scale
+    assert ttft_err[len(ttft_err) // 2] < 0.01 * scale
+    assert e2e_err[len(e2e_err) // 2] < 0.01 * scale
+
+
+async def test_bench_reports_vllm_keys_and_goodput(tmp_path: Path) -> None:
+    srv = sim_server(io.StringIO(), 4.0, max_num_seqs=4)
+    async with TestServer(srv.app()) as ts:
+        wl = WorkloadConfig(source="synthetic", num_prompts=40, input_len=300, output_len=40,
+                            arrival="all-at-once")
+        out = await run_bench(str(ts.make_url("")), wl, goodput=parse_goodput(["ttft:300"]))
+    s = out.to_json()
+    for key in ("completed", "failed", "duration", "request_throughput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "request_goodput",
+                "workload_fingerprint", "time_scale"):
+        assert key in s, key
+    # max_num_seqs 4 with 40 requests at once: most wait, so few meet a 300 ms TTFT
+    assert 0 < s["request_goodput"] < s["request_throughput"]
+    text = format_result(out.result.summary)
+    assert "Serving Benchmark Result" in text and "P99 TTFT (ms):" in text
+
+
+def test_goodput_parsing_rejects_bad_items() -> None:
+    assert parse_goodput(["ttft:500", "tpot:50"]) == {"ttft": 500.0, "tpot": 50.0}
+    for bad in (["ttft"], ["foo:3"], ["tpot:-1"]):
+        with pytest.raises(ValueError):
+            parse_goodput(bad)
