@@ -156,7 +156,8 @@ def test_score_level_normalized_margins_inclusive() -> None:
     assert bad.violations["overlength_rate"] == pytest.approx(0.05 - 0.1)
     offline = score_level({"completed": 10, "failed": 0, "output_throughput": 5.0}, slo,
                           latency_slos=False)
-    assert offline.feasible and set(offline.violations) == {"error_rate", "overlength_rate"}
+    assert offline.feasible and offline.violations["p99_ttft"] == -1.0
+    assert set(offline.violations) == {"p99_ttft", "p99_tpot", "error_rate", "overlength_rate"}
 
 
 def test_score_trial_takes_the_highest_feasible_load() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from autotune.cli import bench as _bench  # noqa: F401  (registers ``autotune bench``)
 from autotune.cli import sim as _sim  # noqa: F401  (registers ``autotune sim ...``)
+from autotune.cli import study as _study  # noqa: F401  (registers ``autotune study/db``)
 from autotune.cli._app import app
 from autotune.errors import AutotuneError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -254,10 +254,18 @@ def simulate(
     seed: int = 0,
     jitter_cv: float = 0.015,
     exact: bool = False,
+    concurrency: int | None = None,
 ) -> SimResult:
     """Run ``requests`` to completion on a virtual clock. Raises ``SimStartupError`` when the
-    engine args would make vLLM fail at startup."""
+    engine args would make vLLM fail at startup.
+
+    ``concurrency`` replays a closed loop instead: arrival times are ignored, ``concurrency``
+    requests start at t=0 and each finished (or rejected) request is replaced, in order, by
+    the next one at the end of the step that finished it (what a closed-loop client sees).
+    """
     eng = Engine(model, hardware, args, seed=seed, jitter_cv=jitter_cv, exact=exact)
+    if concurrency is not None:
+        return _closed_loop(eng, requests, concurrency)
     order = sorted(requests, key=lambda q: q.arrival)
     n, i, now = len(order), 0, 0.0
     sched = eng.sched
@@ -270,4 +278,23 @@ def simulate(
             i += 1
         if sched.has_work:
             now, _ = eng.step(now)
+    return eng.result()
+
+
+def _closed_loop(eng: Engine, requests: Sequence[SimRequest], concurrency: int) -> SimResult:
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    sched = eng.sched
+    pending = list(requests)
+    i, now, in_flight = 0, 0.0, 0
+    while i < len(pending) or sched.has_work:
+        while i < len(pending) and in_flight < concurrency:
+            r = eng.add(replace(pending[i], arrival=now), user=pending[i])
+            i += 1
+            if isinstance(r, Req):
+                in_flight += 1
+        if not sched.has_work:
+            continue  # everything offered so far was rejected
+        now, _ = eng.step(now)
+        in_flight -= len(sched.finished)
     return eng.result()

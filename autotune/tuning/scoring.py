@@ -61,12 +61,14 @@ def score_level(metrics: Mapping[str, float | int | None], slo: Slo, scale: floa
     errors = int(metrics.get("failed") or 0) - over
     err_rate = errors / total if total else 1.0
     over_rate = over / total if total else 0.0
+    # Every trial reports the same four constraint names (unused ones at -1, always met), so
+    # the sampler compares like with like.
     v: dict[str, float] = {}
-    if latency_slos:
-        for name, key, target in (("p99_ttft", "p99_ttft_ms", slo.p99_ttft_ms),
-                                  ("p99_tpot", "p99_tpot_ms", slo.p99_tpot_ms)):
-            if target is None:
-                continue
+    for name, key, target in (("p99_ttft", "p99_ttft_ms", slo.p99_ttft_ms),
+                              ("p99_tpot", "p99_tpot_ms", slo.p99_tpot_ms)):
+        if target is None or not latency_slos:
+            v[name] = -1.0
+        else:
             value = metrics.get(key)
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 v[name] = 1.0  # nothing measured: cannot claim the SLO holds

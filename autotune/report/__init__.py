@@ -1,0 +1,1 @@
+"""Reports: the recommendation (`study best`), trial tables and exports."""

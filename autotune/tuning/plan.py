@@ -1,0 +1,88 @@
+"""From a study config and its workload to the search space and the baseline (pure logic,
+plus one quick in-process simulation to estimate peak concurrency when it is not given)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autotune.config import RangeSpec, StudyConfig
+from autotune.errors import ConfigError, SimStartupError
+from autotune.sim.args import EngineArgs
+from autotune.sim.engine import simulate
+from autotune.sim.hardware import HardwareProfile
+from autotune.sim.models import ModelProfile
+from autotune.tuning.space import SpaceBounds, max_model_len_candidates
+from autotune.workload.build import scale_rate
+from autotune.workload.core import Workload
+from autotune.workload.profile import WorkloadProfile
+
+__all__ = ["baseline_engine_args", "build_bounds", "estimate_peak_concurrency"]
+
+# max_num_seqs search range when nothing else is known (configurable per study)
+_MNS_FLOOR = 8
+_MNS_CAP = 4096
+
+
+def baseline_engine_args(model: ModelProfile, hw: HardwareProfile,
+                         max_model_len: int) -> dict[str, Any]:
+    """vLLM's defaults for the GPU class (``vllm serve``, vllm.md §1.1), with max_model_len
+    from the workload: the seed guide's "baseline before any change"."""
+    r = EngineArgs(max_model_len=max_model_len).resolve(model, hw)
+    return {"max_model_len": r.max_model_len,
+            "gpu_memory_utilization": r.gpu_memory_utilization,
+            "max_num_seqs": r.max_num_seqs, "max_num_batched_tokens": r.max_num_batched_tokens}
+
+
+def estimate_peak_concurrency(model: ModelProfile, hw: HardwareProfile, wl: Workload,
+                              max_model_len: int, scale: float = 1.0) -> int:
+    """Requests in the engine at once (running + waiting) when the workload is replayed at
+    ``scale`` times its rate on vLLM's defaults, simulated in-process (milliseconds)."""
+    if wl.closed_loop_concurrency is not None:
+        return wl.closed_loop_concurrency
+    try:
+        res = simulate(model, hw, EngineArgs(max_model_len=max_model_len),
+                       scale_rate(wl, scale).to_sim_requests(), jitter_cv=0.0)
+    except SimStartupError:
+        return 0  # the defaults do not even start: no estimate, use the fallback range
+    tl = res.timeline
+    return int((tl.running + tl.waiting).max()) if len(tl.t) else 0
+
+
+def _rng(spec: RangeSpec, lo: float, hi: float) -> tuple[float, float]:
+    return (spec.low if spec.low is not None else lo, spec.high if spec.high is not None else hi)
+
+
+def build_bounds(cfg: StudyConfig, model: ModelProfile, prof: WorkloadProfile,
+                 peak_concurrency: int) -> SpaceBounds:
+    s = cfg.search
+    if s.max_model_len.candidates:
+        cands = tuple(sorted(set(s.max_model_len.candidates)))
+    else:
+        t = prof.total_len
+        cands = max_model_len_candidates(math.ceil(t.p95), math.ceil(t.p99),
+                                         int(t.max), margin=s.max_model_len_margin,
+                                         model_max=model.max_position_embeddings)
+        if s.max_model_len.low is not None or s.max_model_len.high is not None:
+            lo, hi = _rng(s.max_model_len, 1, model.max_position_embeddings)
+            cands = tuple(c for c in cands if lo <= c <= hi) or (int(hi),)
+    if max(cands) > model.max_position_embeddings:
+        raise ConfigError(f"search.max_model_len: candidate {max(cands)} exceeds the model's "
+                          f"maximum ({model.max_position_embeddings})")
+    util_lo, util_hi = _rng(s.gpu_memory_utilization, 0.80,
+                            0.97 if cfg.mode == "offline" else 0.95)
+    peak = cfg.workload.peak_concurrency or peak_concurrency
+    mns_hi_default = min(_MNS_CAP, max(2 * peak, 2 * _MNS_FLOOR)) if peak else 1024
+    mns_lo, mns_hi = _rng(s.max_num_seqs, _MNS_FLOOR, mns_hi_default)
+    mnbt_lo, mnbt_hi = _rng(s.max_num_batched_tokens, 256, 65536)
+    extras = tuple((e.name, tuple(e.choices)) for e in s.extra)
+    static = cfg.worker.static_args
+    try:
+        return SpaceBounds(
+            max_model_len_candidates=cands, util_low=float(util_lo), util_high=float(util_hi),
+            mns_low=int(mns_lo), mns_high=int(max(mns_hi, mns_lo)), mnbt_low=int(mnbt_lo),
+            mnbt_high=int(mnbt_hi),
+            enable_chunked_prefill=bool(static.get("enable_chunked_prefill", True)),
+            extras=extras)
+    except ValueError as exc:
+        raise ConfigError(f"search: {exc}") from exc
