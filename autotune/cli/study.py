@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.cli._app import app, console
@@ -35,17 +36,31 @@ StorageOpt = Annotated[str | None, typer.Option(
     "--storage", help=f"database URL (default: ${ENV_VAR}, the config's, or sqlite:///autotune.db)")]
 
 
+def _quiet_optuna() -> None:
+    # Optuna logs every study creation at INFO on stderr; our own output says what happened.
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def _open(storage: str | None, config_storage: str | None = None) -> Store:
+    _quiet_optuna()
     return Store.open(storage or os.environ.get(ENV_VAR) or config_storage)
 
 
 def _progress(total: int | None) -> Any:
     out = console()
 
+    planned = [0]
+
     def on_event(kind: str, d: Any) -> None:
-        if kind == "trial_start":
+        if kind == "run_start":
+            planned[0] = d["planned"]
+            out.print(f"plan: {d['planned']} trials ({d['done']} done)")
+        elif kind == "trial_start":
             ea = d["engine_args"]
-            out.print(f"[bold]trial {d['number']}[/bold] [{d['stage']}] "
+            of = f" of {planned[0]}" if planned[0] else ""
+            out.print(f"[bold]trial {d['number'] + 1}{of}[/bold] {escape('[' + d['stage'] + ']')} "
                       f"max_model_len={ea['max_model_len']} "
                       f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
                       f"max_num_seqs={ea['max_num_seqs']} "

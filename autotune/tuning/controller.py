@@ -35,7 +35,7 @@ from autotune.tuning.space import (
     suggest,
     unit_from_mnbt,
 )
-from autotune.tuning.strategy import next_stage, sampler_for
+from autotune.tuning.strategy import next_stage, planned_total, sampler_for
 from autotune.tuning.trial import Event, TrialSetup, run_trial
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
@@ -174,6 +174,11 @@ async def _run(cfg: StudyConfig, store: Store, study: optuna.Study, bounds: Spac
     limit = n_trials if n_trials is not None else float("inf")  # this run; the plan caps
     t0 = time.monotonic()
     ran = 0
+    first = study.get_trials(deepcopy=False)
+    planned = planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue))
+    if on_event is not None:
+        on_event("run_start", {"planned": planned,
+                               "done": sum(1 for t in first if t.state == TrialState.COMPLETE)})
     while True:
         if ran >= limit:
             return RunReport(ran, "n_trials")

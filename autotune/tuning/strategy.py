@@ -18,7 +18,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StrategyConfig
 from autotune.tuning.space import MNBT_PARAM, SpaceBounds
 
-__all__ = ["best_trial", "fixed_point", "next_stage", "sampler_for", "stage_params"]
+__all__ = ["best_trial", "fixed_point", "next_stage", "planned_total", "sampler_for",
+           "stage_params"]
 
 
 def stage_params(b: SpaceBounds) -> list[str]:
@@ -52,6 +53,17 @@ def next_stage(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
         if _done(trials, _stage_name(p)) < budget:
             return _stage_name(p)
     return "joint" if _done(trials, "joint") < st.joint_refinement else None
+
+
+def planned_total(st: StrategyConfig, b: SpaceBounds, enqueued: int) -> int:
+    """How many trials the plan holds in all (for "trial k of N" displays)."""
+    if st.name == "joint":
+        return max(st.n_trials, enqueued)
+    stages = 0
+    for p in stage_params(b):
+        choices = _choices(b, p)
+        stages += min(st.trials_per_stage, len(choices)) if choices else st.trials_per_stage
+    return min(st.n_trials, enqueued + stages + st.joint_refinement)
 
 
 def best_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
