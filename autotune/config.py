@@ -143,6 +143,11 @@ class StrategyConfig(_Model):
 class TelemetryConfig(_Model):
     scrape_interval_s: float = Field(2.0, gt=0)
     prometheus_url: str | None = None
+    # Prometheus mode: the file_sd targets file your Prometheus watches (see
+    # configs/prometheus.yml); default <worker.workdir>/<study>/prometheus-targets.json
+    sd_file: str | None = None
+    # Make preemptions a constraint (any preemption at a level violates it); by default they
+    # are counted, diagnosed and reported only.
     preemption_constraint: bool = False
 
 

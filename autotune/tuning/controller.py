@@ -221,8 +221,9 @@ async def _run(cfg: StudyConfig, store: Store, study: optuna.Study, bounds: Spac
             top = max(out.record.levels, key=lambda lv: (lv.feasible, lv.scale))
             trial.set_user_attr("p99_ttft_ms", top.p99_ttft_ms)
             trial.set_user_attr("p99_tpot_ms", top.p99_tpot_ms)
-            if top.diagnosis:
-                trial.set_user_attr("diagnosis", top.diagnosis.get("kind"))
+        if out.record.diagnosis:
+            trial.set_user_attr("diagnosis", out.record.diagnosis.get("kind"))
+            trial.set_user_attr("diagnosis_suggestion", out.record.diagnosis.get("suggestion"))
         study.tell(trial, out.score.objective)
         ran += 1
 

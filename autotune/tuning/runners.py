@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,8 @@ from autotune.sim.engine import SimResult, simulate
 from autotune.sim.hardware import HardwareProfile
 from autotune.sim.memory import plan_memory
 from autotune.sim.models import ModelProfile
+from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, write_sd_targets
+from autotune.telemetry.summary import LevelTelemetry, from_scrape, from_sim_timeline
 from autotune.workers.sim import SimWorker
 from autotune.workers.vllm import VllmWorker, format_command, vllm_argv
 from autotune.workload.build import prepare_prompts, scale_rate
@@ -83,6 +87,17 @@ def sim_engine_args(engine_args: Mapping[str, Any], static: Mapping[str, Any]) -
     return EngineArgs(**{k: v for k, v in merged.items() if k in _SIM_ARG_FIELDS})
 
 
+def _with_diagnosis(out: LevelOutcome, tel: LevelTelemetry | None, mns: int,
+                    mnbt: int) -> LevelOutcome:
+    """Attach the level's telemetry and the seed guide's bottleneck diagnosis."""
+    if tel is not None:
+        d = diagnose(tel, max_num_seqs=mns, max_num_batched_tokens=mnbt)
+        out.extra["telemetry"] = tel.to_dict()
+        out.extra["diagnosis"] = d.to_dict()
+        out.metrics["num_preemptions"] = tel.counters.get("num_preemptions", 0.0)
+    return out
+
+
 def records_from_sim(res: SimResult) -> tuple[list[RequestRecord], float]:
     recs: list[RequestRecord] = []
     end = 0.0
@@ -135,7 +150,11 @@ class VirtualRunner:
         start = min((r.scheduled_at for r in recs), default=0.0)
         metrics = summarize(recs, max(end - start, 1e-9))
         metrics["num_preemptions"] = res.num_preemptions
-        return LevelOutcome(scale, _offered(workload, scale), metrics, sim=res)
+        out = LevelOutcome(scale, _offered(workload, scale), metrics, sim=res)
+        r = res.args
+        tel = from_sim_timeline(res, -1.0, float("inf"), r.max_num_batched_tokens,
+                                r.max_num_seqs)
+        return _with_diagnosis(out, tel, r.max_num_seqs, r.max_num_batched_tokens)
 
     def failure(self) -> FailureMatch | None:
         return None
@@ -148,15 +167,29 @@ class HttpRunner:
     """``sim`` / ``vllm``: a worker process per trial and the aiohttp load generator."""
 
     def __init__(self, worker: VllmWorker, *, kind: str, model_name: str,
-                 endpoint: str, token_ids: bool, vocab_size: int, time_scale: float) -> None:
+                 endpoint: str, token_ids: bool, vocab_size: int, time_scale: float,
+                 scrape_interval_s: float = 2.0, prometheus_url: str | None = None,
+                 sd_file: Path | None = None) -> None:
         self.worker, self.kind, self.model_name = worker, kind, model_name
         self.endpoint, self.token_ids, self.vocab = endpoint, token_ids, vocab_size
         self.time_scale = time_scale
+        self.scrape_interval_s = scrape_interval_s
+        self.prom = (PrometheusTelemetry(prometheus_url, scrape_interval_s=scrape_interval_s)
+                     if prometheus_url else None)
+        self.sd_file = sd_file
         self.base_url: str | None = None
+        self.trial_name = ""
+        self.engine_args: dict[str, Any] = {}
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
         info = await self.worker.start(engine_args, trial_name)
-        self.base_url = info.base_url
+        self.base_url, self.trial_name = info.base_url, trial_name
+        self.engine_args = dict(engine_args)
+        if self.prom is not None and self.sd_file is not None:
+            # Prometheus discovers each trial's fresh port through this file (file_sd).
+            hostport = info.base_url.split("://", 1)[1]
+            write_sd_targets(self.sd_file, [(hostport, {"trial": trial_name,
+                                                        "job": "autotune"})])
         return StartInfo(info.command, list(info.argv), info.startup_s, info.kv_cache_tokens,
                          info.max_concurrency)
 
@@ -164,12 +197,27 @@ class HttpRunner:
         assert self.base_url is not None, "start() first"
         wl = prepare_prompts(scale_rate(workload, scale), token_ids=self.token_ids,
                              vocab_size=self.vocab)
-        res = await run_load(self.base_url, wl.requests, model=self.model_name,
-                             endpoint=self.endpoint,  # type: ignore[arg-type]
-                             max_concurrency=wl.closed_loop_concurrency,
-                             time_scale=self.time_scale)
-        return LevelOutcome(scale, _offered(workload, scale), dict(res.summary),
-                            extra={"base_url": self.base_url})
+        mns = int(self.engine_args.get("max_num_seqs", 0)) or None
+        mnbt = int(self.engine_args.get("max_num_batched_tokens", 0)) or None
+        if self.prom is not None:
+            await asyncio.to_thread(self.prom.wait_for_sample, self.trial_name, time.time())
+        t_start = time.time()
+        async with Scraper(self.base_url + "/metrics",
+                           interval_s=self.scrape_interval_s) as scraper:
+            res = await run_load(self.base_url, wl.requests, model=self.model_name,
+                                 endpoint=self.endpoint,  # type: ignore[arg-type]
+                                 max_concurrency=wl.closed_loop_concurrency,
+                                 time_scale=self.time_scale)
+        out = LevelOutcome(scale, _offered(workload, scale), dict(res.summary),
+                           extra={"base_url": self.base_url})
+        tel: LevelTelemetry | None = None
+        if self.prom is not None:
+            tel = await asyncio.to_thread(self.prom.level, self.trial_name, t_start,
+                                          time.time(), max_num_seqs=mns,
+                                          max_num_batched_tokens=mnbt)
+        elif scraper.result is not None and scraper.result.before is not None:
+            tel = from_scrape(scraper.result, max_num_seqs=mns, max_num_batched_tokens=mnbt)
+        return _with_diagnosis(out, tel, mns or 0, mnbt or 0)
 
     def failure(self) -> FailureMatch | None:
         return self.worker.failure()
@@ -183,6 +231,10 @@ def make_runner(cfg: StudyConfig, model: ModelProfile, hardware: HardwareProfile
                 workdir: Path) -> Runner:
     w = cfg.worker
     name = cfg.model.served_name or cfg.model.name
+    t = cfg.telemetry
+    tel: dict[str, Any] = {
+        "scrape_interval_s": t.scrape_interval_s, "prometheus_url": t.prometheus_url,
+        "sd_file": Path(t.sd_file) if t.sd_file else workdir / "prometheus-targets.json"}
     if w.kind == "sim-virtual":
         return VirtualRunner(model, hardware, model_name=cfg.model.name,
                              static_args=w.static_args, seed=cfg.seed, jitter_cv=w.jitter_cv)
@@ -194,12 +246,12 @@ def make_runner(cfg: StudyConfig, model: ModelProfile, hardware: HardwareProfile
                         env=w.env, host=w.host, startup_timeout_s=w.startup_timeout_s)
         return HttpRunner(sim, kind="sim", model_name=name, endpoint=cfg.workload.endpoint,
                           token_ids=cfg.workload.endpoint == "completions",
-                          vocab_size=model.vocab_size, time_scale=w.time_scale)
+                          vocab_size=model.vocab_size, time_scale=w.time_scale, **tel)
     worker = VllmWorker(executable=w.vllm_executable, model=cfg.model.name,
                         served_model_name=name, static_args=w.static_args, env=w.env,
                         gpus=w.gpus, host=w.host, startup_timeout_s=w.startup_timeout_s,
                         workdir=workdir)
     # Real vLLM gets text prompts: token ids need the model's exact vocabulary.
     return HttpRunner(worker, kind="vllm", model_name=name, endpoint=cfg.workload.endpoint,
-                      token_ids=False, vocab_size=model.vocab_size, time_scale=1.0)
+                      token_ids=False, vocab_size=model.vocab_size, time_scale=1.0, **tel)
 

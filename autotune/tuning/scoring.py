@@ -53,7 +53,7 @@ class TrialScore:
 
 
 def score_level(metrics: Mapping[str, float | int | None], slo: Slo, scale: float = 1.0, *,
-                latency_slos: bool = True) -> LevelScore:
+                latency_slos: bool = True, preemption_constraint: bool = False) -> LevelScore:
     """Feasible iff p99 TTFT <= SLO, p99 TPOT <= SLO, error rate <= limit and over-length
     rejections <= limit (all inclusive). ``metrics`` uses ``vllm bench serve``'s keys."""
     total = int(metrics.get("completed") or 0) + int(metrics.get("failed") or 0)
@@ -76,6 +76,8 @@ def score_level(metrics: Mapping[str, float | int | None], slo: Slo, scale: floa
                 v[name] = (float(value) - target) / target
     v["error_rate"] = err_rate - slo.max_error_rate
     v["overlength_rate"] = over_rate - slo.max_overlength_rate
+    if preemption_constraint:  # opt-in: any preemption violates (by the server's counter)
+        v["preemptions"] = 1.0 if float(metrics.get("num_preemptions") or 0) > 0 else -1.0
     completed = int(metrics.get("completed") or 0)
     feasible = completed > 0 and all(x <= 0 for x in v.values())
     return LevelScore(scale, v, feasible, float(metrics.get("output_throughput") or 0.0))

@@ -16,6 +16,7 @@ from autotune.failures import FailureClass
 from autotune.store import LevelRecord, Store, TrialRecord
 from autotune.tuning.runners import LevelOutcome, Runner
 from autotune.tuning.scoring import (
+    CONSTRAINT_NAMES,
     LevelScore,
     Slo,
     TrialScore,
@@ -121,7 +122,8 @@ async def run_trial(setup: TrialSetup, *, number: int, stage: str, params: Mappi
                 emit("level_start", {"number": number, "scale": scale})
                 out = await runner.run_level(setup.workload, scale)
                 ls = score_level(out.metrics, setup.slo, scale,
-                                 latency_slos=cfg.mode != "offline")
+                                 latency_slos=cfg.mode != "offline",
+                                 preemption_constraint=cfg.telemetry.preemption_constraint)
                 dead = runner.failure()
                 if dead is not None:  # the worker died under load (OOM, engine crash)
                     failure = str(dead.failure_class)
@@ -142,7 +144,9 @@ async def run_trial(setup: TrialSetup, *, number: int, stage: str, params: Mappi
         raise
     finally:
         await runner.stop()
-    score = failed_trial_score() if failure is not None else score_trial(levels)
+    names = [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint
+                                   else [])]
+    score = failed_trial_score(names) if failure is not None else score_trial(levels)
     if failure is None and not levels:
         failure = str(FailureClass.UNKNOWN)
     rec.state, rec.objective = "COMPLETE", score.objective
@@ -150,10 +154,16 @@ async def run_trial(setup: TrialSetup, *, number: int, stage: str, params: Mappi
     rec.feasible, rec.capacity_scale = score.feasible, score.capacity_scale
     rec.failure_class = failure
     rec.finished_at = datetime.now(UTC)
+    # The trial's diagnosis is the one at its highest-load level that met the SLOs (else its
+    # lowest level): the bottleneck that stops this config from taking more load.
+    if rec.levels:
+        ok = [lv for lv in rec.levels if lv.feasible]
+        top = max(ok, key=lambda lv: lv.scale) if ok else min(rec.levels, key=lambda lv: lv.scale)
+        rec.diagnosis = top.diagnosis
     store.update_trial(rec.id, state="COMPLETE", objective=score.objective,
                        constraints=rec.constraints, feasible=score.feasible,
                        capacity_scale=score.capacity_scale, failure_class=failure,
-                       finished_at=rec.finished_at)
+                       diagnosis=rec.diagnosis, finished_at=rec.finished_at)
     emit("trial_done", {"number": number, "stage": stage, "objective": score.objective,
                         "feasible": score.feasible, "failure_class": failure,
                         "capacity_scale": score.capacity_scale,

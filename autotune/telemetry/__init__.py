@@ -1,0 +1,57 @@
+"""Server-side telemetry per load level and the bottleneck it points at.
+
+- :mod:`~autotune.telemetry.scrape`: parse vLLM's ``/metrics`` (current and older names),
+  scrape it before, during and after a level, counting the scrapes a busy host misses.
+- :mod:`~autotune.telemetry.summary`: :class:`LevelTelemetry` (counter and histogram deltas,
+  gauge statistics) from scrapes or from the simulated engine's timeline (``sim-virtual``).
+- :mod:`~autotune.telemetry.prometheus`: the same summary from a user's Prometheus (PromQL
+  over the level's window) and the file-based service-discovery targets file it watches.
+- :mod:`~autotune.telemetry.diagnosis`: memory-bound, token-budget-bound, concurrency-capped,
+  headroom or inconclusive, with evidence and the next move (the seed's step 2).
+"""
+
+from __future__ import annotations
+
+from autotune.telemetry.diagnosis import KINDS, Diagnosis, Kind, diagnose
+from autotune.telemetry.prometheus import PrometheusTelemetry, write_sd_targets
+from autotune.telemetry.scrape import (
+    HistogramData,
+    LevelScrape,
+    Scraper,
+    ScrapeStats,
+    Snapshot,
+    parse_metrics,
+    scrape,
+)
+from autotune.telemetry.summary import (
+    BudgetUse,
+    GaugeStats,
+    HistogramDelta,
+    LevelTelemetry,
+    from_scrape,
+    from_sim_timeline,
+    summarize,
+)
+
+__all__ = [
+    "KINDS",
+    "BudgetUse",
+    "Diagnosis",
+    "GaugeStats",
+    "HistogramData",
+    "HistogramDelta",
+    "Kind",
+    "LevelScrape",
+    "LevelTelemetry",
+    "PrometheusTelemetry",
+    "ScrapeStats",
+    "Scraper",
+    "Snapshot",
+    "diagnose",
+    "from_scrape",
+    "from_sim_timeline",
+    "parse_metrics",
+    "scrape",
+    "summarize",
+    "write_sd_targets",
+]
