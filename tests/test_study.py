@@ -19,6 +19,7 @@ from autotune.cli import app
 from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.store import Store
+from autotune.telemetry import KINDS
 from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.space import PARAM_ORDER
 
@@ -79,6 +80,11 @@ def test_staged_study_baseline_first_then_one_parameter_per_stage(store: Store) 
         assert all(s.engine_args[k] == stage[0].engine_args[k] for s in stage for k in others)
     for t in trials:
         assert t.state == "COMPLETE" and t.launch_command and t.levels
+        # every level carries its telemetry and the seed guide's diagnosis
+        for lv in t.levels:
+            assert lv.telemetry is not None and lv.diagnosis is not None
+            assert lv.diagnosis["kind"] in KINDS and lv.diagnosis["suggestion"]
+        assert t.diagnosis is not None
         assert t.launch_command.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct "
                                            "--max-model-len ")
         assert len(t.constraints) == 4
@@ -106,6 +112,22 @@ def test_worker_failure_is_a_complete_infeasible_trial(store: Store) -> None:
     assert ft.state == optuna.trial.TrialState.COMPLETE and ft.value == 0
     assert all(v > 0 for v in ft.constraints.values())
     assert ft.user_attrs["failure_class"] == "NO_KV_MEMORY"
+
+
+def test_preemptions_can_be_a_constraint(store: Store) -> None:
+    # a tiny KV cache (kv_cache_memory_bytes) and long outputs force preemptions
+    cfg, text = config(telemetry={"preemption_constraint": True}, mode="fixed-rate",
+                       worker={"static_args": {"kv_cache_memory_bytes": 800 * 2**20}},
+                       workload={"output_len": 600, "rate": 20},
+                       strategy={"name": "joint", "n_trials": 2})
+    create_study(cfg, text, store)
+    run_study("t", store)
+    t = store.trials("t")[0]
+    assert t.levels[0].metrics["num_preemptions"] > 0
+    assert t.diagnosis is not None and t.diagnosis["kind"] == "memory-bound"
+    ft = optuna.load_study(study_name="t", storage=store.url).trials[0]
+    assert ft.constraints["preemptions"] == 1.0 and t.feasible is False
+    assert ft.user_attrs["diagnosis"] == "memory-bound"
 
 
 def test_joint_strategy_suggests_valid_configs(store: Store) -> None:

@@ -94,7 +94,8 @@ def _with_diagnosis(out: LevelOutcome, tel: LevelTelemetry | None, mns: int,
         d = diagnose(tel, max_num_seqs=mns, max_num_batched_tokens=mnbt)
         out.extra["telemetry"] = tel.to_dict()
         out.extra["diagnosis"] = d.to_dict()
-        out.metrics["num_preemptions"] = tel.counters.get("num_preemptions", 0.0)
+        if "preemptions" in tel.counters:  # the server's counter delta over the level
+            out.metrics["num_preemptions"] = tel.counters["preemptions"]
     return out
 
 
