@@ -17,7 +17,7 @@ from autotune.errors import ConfigError
 from autotune.loadgen.bench import format_result, parse_goodput, run_bench
 from autotune.loadgen.runner import ProgressSnapshot
 
-__all__: list[str] = []
+__all__ = ["bench"]
 
 Dataset = Literal["random", "synthetic", "sharegpt-like", "sharegpt", "mooncake", "azure"]
 

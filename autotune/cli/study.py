@@ -25,7 +25,7 @@ from autotune.store import Store
 from autotune.store.db import ENV_VAR
 from autotune.tuning.controller import config_yaml_of, create_study, load_study_config, run_study
 
-__all__: list[str] = []
+__all__ = ["best", "create", "delete", "export", "list_cmd", "run_cmd", "show", "upgrade"]
 
 study_app = typer.Typer(help="Create, run and inspect tuning studies.", no_args_is_help=True)
 db_app = typer.Typer(help="The study database.", no_args_is_help=True)

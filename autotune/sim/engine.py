@@ -24,7 +24,7 @@ from autotune.sim.models import ModelProfile
 from autotune.sim.request import REJECTED, Req, RequestTiming, SimRequest
 from autotune.sim.scheduler import Scheduler, StepStats
 
-__all__ = ["Engine", "SimResult", "Timeline", "simulate"]
+__all__ = ["Engine", "SimResult", "Timeline", "context_length_error", "simulate"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

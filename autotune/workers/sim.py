@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.workers.vllm import VllmWorker
 
-__all__ = ["SimWorker"]
+__all__ = ["SimWorker", "sim_executable"]
 
 
 def sim_executable() -> tuple[str, ...]:
