@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import random
@@ -119,6 +120,10 @@ class SimServer:
         return app
 
     async def _start(self, _app: web.Application) -> None:
+        # Everything built at startup (engine, tables, imports) lives as long as the server:
+        # keep it out of the collector so full collections do not pause token delivery.
+        gc.collect()
+        gc.freeze()
         self._loop_task = asyncio.create_task(self._engine_loop(), name="sim-engine")
         if self.stats_interval > 0:
             self._stats_task = asyncio.create_task(self._stats_loop(), name="sim-stats")
@@ -292,21 +297,29 @@ class SimServer:
                 c["usage"] = usage
             return c
 
+        def choice(text: str, fr: str | None) -> dict[str, Any]:
+            if chat:
+                return {"index": 0, "delta": {"content": text}, "logprobs": None,
+                        "finish_reason": fr}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": fr,
+                    "stop_reason": None}
+
+        # Mid-stream chunks differ only in their text: serialize the frame once and splice
+        # each token's JSON string into it (byte-identical to json.dumps of the whole chunk).
+        mark = "\x00tok\x00"
+        frame = b"data: " + json.dumps(chunk([choice(mark, None)])).encode() + b"\n\n"
+        head, tail = frame.split(json.dumps(mark).encode())
         if chat:  # vLLM sends the role first, before any token
             await send(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                "logprobs": None, "finish_reason": None}]))
         while True:
             tokens, reason = await s.queue.get()
             for i, tid in enumerate(tokens):
-                fr = reason if i == len(tokens) - 1 else None
                 text = self._token_text(tid)
-                if chat:
-                    choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
-                              "finish_reason": fr}
+                if reason is not None and i == len(tokens) - 1:
+                    await send(chunk([choice(text, reason)]))
                 else:
-                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": fr,
-                              "stop_reason": None}
-                await send(chunk([choice]))
+                    await resp.write(head + json.dumps(text).encode() + tail)
             if reason is not None:
                 break
         if include_usage:
@@ -393,10 +406,13 @@ class SimServer:
         nxt = self.engine.step_idx
         vocab = self.engine.model.vocab_size
         gaps: list[float] = []
-        for r in [*sched.running, *sched.finished]:
-            s = self._live.get(r)
-            if s is None:
-                continue
+        live = [(r, s) for r in [*sched.running, *sched.finished]
+                if (s := self._live.get(r)) is not None]
+        # Every token of a step carries the same time; hand first tokens out first. Handlers
+        # wake in queue order, so a new stream would otherwise wait behind every running
+        # stream's write, inflating the TTFT a client measures at high concurrency.
+        live.sort(key=lambda rs: rs[1].first_token >= 0)
+        for r, s in live:
             if s.scheduled < 0 and r.t_sched >= 0:
                 s.scheduled = step_start
             n = r.o0 + (nxt - r.s0) if r.dec else r.output
