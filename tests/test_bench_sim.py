@@ -82,3 +82,29 @@ def test_goodput_parsing_rejects_bad_items() -> None:
     for bad in (["ttft"], ["foo:3"], ["tpot:-1"]):
         with pytest.raises(ValueError):
             parse_goodput(bad)
+
+
+async def test_cut_outputs_count_as_too_long_like_on_real_vllm() -> None:
+    """vLLM serves a prompt below max_model_len with its output cut (200, finish_reason
+    length): the client flags it, and scoring counts it with the over-length requests."""
+    from autotune.loadgen.runner import run_load
+    from autotune.tuning.scoring import Slo, score_level
+    from autotune.workload.core import WorkloadRequest
+
+    m, hw = get_model(MODEL), get_hardware("H100-80GB")
+    eng = Engine(m, hw, EngineArgs(max_model_len=512), keep_history=False)
+    srv = SimServer(eng, served_model_name=MODEL, model_path=MODEL, time_scale=10.0,
+                    stats_interval=0)
+    reqs = [WorkloadRequest(500, 40, tuple(range(10, 510)), request_id="cut"),
+            WorkloadRequest(100, 40, tuple(range(10, 110)), request_id="ok"),
+            WorkloadRequest(600, 40, tuple(range(10, 610)), request_id="refused")]
+    async with TestServer(srv.app()) as ts:
+        res = await run_load(str(ts.make_url("")), reqs, model=MODEL)
+    by = {r.request_id: r for r in res.records}
+    assert by["cut"].success and by["cut"].truncated and by["cut"].output_tokens == 12
+    assert by["ok"].success and not by["ok"].truncated
+    assert by["refused"].over_length and not by["refused"].success
+    s = res.summary
+    assert s["truncated_requests"] == 1 and s["over_length_rejections"] == 1
+    lv = score_level(s, Slo(p99_ttft_ms=10_000, max_overlength_rate=0.5))
+    assert lv.violations["overlength_rate"] == pytest.approx(2 / 3 - 0.5)

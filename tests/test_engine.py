@@ -46,15 +46,24 @@ def test_queueing_shows_in_ttft_when_max_num_seqs_binds() -> None:
     assert max(queue) > 0 and min(queue) == 0
 
 
-def test_overlong_requests_are_rejected_with_vllms_text() -> None:
+def test_max_model_len_rules_follow_real_vllm() -> None:
+    """vLLM 0.32 (captured in tests/data/vllm032): a prompt reaching max_model_len is refused;
+    a shorter prompt whose output would not fit is served with its output cut."""
     res = simulate(LLAMA, H100, EngineArgs(max_model_len=1024),
-                   [SimRequest(1000, 100, request_id="long"), SimRequest(10, 10)])
-    long = next(r for r in res.requests if r.request_id == "long")
-    assert long.rejected
-    assert long.reject_reason.startswith("This model's maximum context length is 1024 tokens. "
-                                         "However, you requested 1100 tokens (1000 in the "
-                                         "messages, 100 in the completion).")
-    assert res.summary()["completed"] == 1 and res.summary()["rejected"] == 1
+                   [SimRequest(1000, 100, request_id="cut"), SimRequest(10, 10),
+                    SimRequest(1100, 10, request_id="over"),
+                    SimRequest(1024, 10, request_id="equal")])
+    by = {r.request_id: r for r in res.requests}
+    cut = by["cut"]
+    assert not cut.rejected and cut.truncated and cut.output_len == 24
+    over, equal = by["over"], by["equal"]
+    assert over.rejected and over.reject_reason == (
+        "This model's maximum context length is 1024 tokens. However, your prompt contains "
+        "1100 input tokens, which exceeds this limit even without any output tokens. Please "
+        "reduce the length of the input prompt. (parameter=input_tokens, value=1100)")
+    assert equal.rejected and equal.reject_reason == (
+        "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
+    assert res.summary()["completed"] == 2 and res.summary()["rejected"] == 2
 
 
 def test_startup_failure_raises_before_any_step() -> None:

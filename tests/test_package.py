@@ -14,6 +14,7 @@ from autotune import errors
 from autotune.errors import AutotuneError, SimStartupError, WorkerStartupError
 from autotune.failures import FailureClass
 
+
 def _modules() -> tuple[str, ...]:
     """Every module of the package (``__main__`` aside): each must declare ``__all__``."""
     import pkgutil

@@ -49,7 +49,10 @@ __all__ = [
 
 # vLLM's over-length rejections: "This model's maximum context length is N tokens. ..." (API
 # server) and "The decoder prompt (length N) is longer than the maximum model length of M."
-_OVER_LENGTH = re.compile(r"maximum context length|longer than the maximum model length", re.I)
+# A prompt of exactly max_model_len tokens leaves no room for output: vLLM 0.32 then answers
+# "max_tokens must be at least 1, got 0" (seen on real vLLM; tests/data/vllm032).
+_OVER_LENGTH = re.compile(r"maximum context length|longer than the maximum model length"
+                          r"|max_tokens must be at least 1, got 0", re.I)
 _BODY_LIMIT = 4096  # bytes of an error body worth reading
 _MSG_LIMIT = 300  # characters of it worth keeping in a record
 
@@ -86,6 +89,7 @@ class Attempt:
         self.origin = origin
         self.time_scale = time_scale
         self.scheduled_at = scheduled_at  # engine seconds; None = when it was sent
+        self.ignore_eos = True  # set from the request options when sent
         self.warmup = warmup
         self.sent: float | None = None
         self.first: float | None = None
@@ -139,6 +143,9 @@ class Attempt:
             ttft=None if self.first is None or self.sent is None else (self.first - self.sent) * k,
             e2el=None if self.last is None or self.sent is None else (self.last - self.sent) * k,
             over_length=self.over_length,
+            truncated=(not error and self.ignore_eos
+                       and (self.usage_out if self.usage_out is not None else self.chunks)
+                       < self.spec.output_len),
             warmup=self.warmup,
         )
 
@@ -211,6 +218,7 @@ async def _exchange(
         attempt.sent = time.perf_counter()
         attempt.fail(f"client: {exc}")
         return
+    attempt.ignore_eos = options.ignore_eos
     headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
     # vLLM takes X-Request-Id as the request's id: server logs and metrics line up with ours
     headers["X-Request-Id"] = attempt.request_id

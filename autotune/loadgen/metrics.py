@@ -56,7 +56,10 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)  # gaps between token chunks
     ttft: float | None = None
     e2el: float | None = None
-    over_length: bool = False  # 400 because prompt + output exceed max_model_len
+    over_length: bool = False  # 400 because the prompt reaches max_model_len
+    # Served, but fewer tokens than asked for: vLLM cuts max_tokens to max_model_len - prompt
+    # (with ignore_eos nothing else stops a request early). Counted with the over-length ones.
+    truncated: bool = False
     warmup: bool = False
 
     @property
@@ -210,6 +213,7 @@ def summarize(
     out.update(
         {
             "over_length_rejections": sum(1 for r in measured if r.over_length),
+            "truncated_requests": sum(1 for r in ok if r.truncated),
             "error_rate": len(failed) / len(measured) if measured else 0.0,
             "errors_by_kind": dict(sorted(Counter(error_kind(r.error) for r in failed).items())),
             "mean_schedule_lag_ms": float(np.mean(lag_ms)),

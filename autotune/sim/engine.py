@@ -88,13 +88,24 @@ class SimResult:
         return out
 
 
-def context_length_error(max_model_len: int, prompt: int, output: int) -> str:
-    """vLLM's 400 text for a request that does not fit ``max_model_len``."""
-    return (
-        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-        f"{prompt + output} tokens ({prompt} in the messages, {output} in the completion). "
-        "Please reduce the length of the messages or completion."
-    )
+def context_length_error(max_model_len: int, prompt: int, *,
+                         at_least: bool = False) -> tuple[str, str] | None:
+    """vLLM 0.32's 400 for a prompt that leaves no room for output, as (message, param), or
+    None when the prompt fits (prompt + max_tokens beyond max_model_len is NOT an error: vLLM
+    cuts max_tokens to ``max_model_len - prompt``). Texts as captured from real vLLM 0.32
+    (tests/data/vllm032); ``at_least``: text prompts, which vLLM tokenizes only up to
+    ``max_model_len + 1`` tokens."""
+    if prompt > max_model_len:
+        n = max_model_len + 1 if at_least else prompt
+        count = f"at least {n}" if at_least else str(n)
+        return (f"This model's maximum context length is {max_model_len} tokens. However, your "
+                f"prompt contains {count} input tokens, which exceeds this limit even without "
+                "any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={n})", "input_tokens")
+    if prompt == max_model_len:
+        return ("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                "max_tokens")
+    return None
 
 
 class Engine:
@@ -119,7 +130,8 @@ class Engine:
         self.args = args.resolve(model, hardware) if isinstance(args, EngineArgs) else args
         self.memory = plan_memory(model, hardware, self.args)
         self.cost = CostModel.build(model, hardware, tp=self.args.tensor_parallel_size)
-        self.sched = Scheduler(self.args, self.memory.num_blocks, exact=exact)
+        # one block is vLLM's null block: never handed to a request
+        self.sched = Scheduler(self.args, self.memory.num_blocks - 1, exact=exact)
         if jitter_cv < 0:
             raise ValueError("jitter_cv must be >= 0")
         self._cv = jitter_cv
@@ -137,13 +149,15 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------
     def add(self, sr: SimRequest, user: object = None) -> Req | str:
-        """Queue a request; a request longer than ``max_model_len`` is rejected (vLLM's 400)
-        and the error text returned instead."""
+        """Queue a request. A prompt of ``max_model_len`` tokens or more is rejected (vLLM's
+        400; its text is returned instead); a longer output is cut to fit, as vLLM does."""
         mml = self.args.max_model_len
+        err = context_length_error(mml, sr.prompt_len)
+        if err is not None:
+            self.rejected.append((sr, err[0]))
+            return err[0]
         if sr.prompt_len + sr.output_len > mml:
-            msg = context_length_error(mml, sr.prompt_len, sr.output_len)
-            self.rejected.append((sr, msg))
-            return msg
+            sr = replace(sr, output_len=mml - sr.prompt_len)
         hashes = (block_hashes(sr.prompt_token_ids, self.args.block_size)
                   if sr.prompt_token_ids is not None and self.args.enable_prefix_caching else [])
         r = Req(self._n_added, sr.prompt_len, sr.output_len, sr.arrival, hashes, user)
@@ -212,8 +226,10 @@ class Engine:
             if r.status == REJECTED:
                 continue
             tt = self.token_times(r, ends)
+            asked = r.user.output_len if isinstance(r.user, SimRequest) else r.max_tokens
             timings.append(RequestTiming(
                 request_id=_rid(r), prompt_len=r.prompt_len, output_len=r.output,
+                truncated=r.max_tokens < asked,
                 arrival=r.arrival,
                 scheduled=starts[r.t_sched] if r.t_sched >= 0 else math.nan,
                 first_token=float(ends[r.t_first]) if r.t_first >= 0 else math.nan,

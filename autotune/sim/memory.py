@@ -226,7 +226,7 @@ class MemoryPlan:
     available_kv_bytes: int
     num_blocks: int
     block_size: int
-    kv_tokens: int  # num_blocks * block_size: what the scheduler can hold
+    kv_tokens: int  # num_blocks * block_size, as vLLM reports it (the null block included)
     max_concurrency: float  # num_blocks / cdiv(max_model_len, block_size)
     log_lines: tuple[str, ...]
 
@@ -302,14 +302,18 @@ def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedAr
     block_bytes = model.page_bytes_per_layer(bs, tp) * model.num_layers
     num_blocks = available // block_bytes
     per_request = _cdiv(mml, bs)
-    if per_request > num_blocks:  # == vLLM's needed_memory > available_memory
-        est = estimate_max_model_len(available, block_bytes, bs, mml)
+    # vLLM 0.32's BlockPool holds one "null block" back, and get_kv_cache_configs checks and
+    # estimates against the memory minus that block (seen on real vLLM: 4 blocks of 128
+    # tokens -> estimate 384; exactly cdiv(max_model_len, block_size) blocks -> KV_TOO_SMALL).
+    usable = available - block_bytes
+    if per_request * block_bytes > usable:  # == vLLM's needed_memory > available_memory
+        est = estimate_max_model_len(max(usable, 0), block_bytes, bs, mml)
         est_msg = (f"Based on the available memory, the estimated maximum model length is {est}. "
                    if est > 0 else "")
         raise _engine_failure(log, (
             f"To serve at least one request with the model's max seq len ({mml}), "
             f"({_gib(per_request * block_bytes)} GiB KV cache is needed, which is larger than "
-            f"the available KV cache memory ({_gib(available)} GiB). {est_msg}Try increasing "
+            f"the available KV cache memory ({_gib(max(usable, 0))} GiB). {est_msg}Try increasing "
             "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
             f"engine. {_DOCS}"), FailureClass.KV_TOO_SMALL)
     concurrency = num_blocks / per_request

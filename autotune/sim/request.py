@@ -122,6 +122,7 @@ class RequestTiming:
     preemptions: int = 0
     rejected: bool = False
     reject_reason: str = ""
+    truncated: bool = False  # max_tokens cut to max_model_len - prompt (vLLM does the same)
 
     @property
     def ttft(self) -> float:

@@ -56,8 +56,16 @@ class _Stream:
     token_times: list[float] = field(default_factory=list)
 
 
-def _error(status: int, message: str, etype: str) -> web.Response:
-    body = {"error": {"message": message, "type": etype, "param": None, "code": status}}
+def _token_ids(body: dict[str, Any]) -> bool:
+    """Whether a completions prompt came as token ids (a list of ints, or a batch of one)."""
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], list):
+        p = p[0]
+    return isinstance(p, list) and bool(p) and all(isinstance(t, int) for t in p)
+
+
+def _error(status: int, message: str, etype: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
     return web.json_response(body, status=status)
 
 
@@ -227,8 +235,9 @@ class SimServer:
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             vocab = self.engine.model.vocab_size
-            if any(not 0 <= t < vocab for t in prompt):
-                return f"token id out of vocabulary range [0, {vocab})"
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                return f"Token id {bad} is out of vocabulary"
             return list(prompt)
         return "prompt must be a string or a non-empty list of token ids"
 
@@ -238,7 +247,8 @@ class SimServer:
             return body
         model = body.get("model", self.model_name)
         if model != self.model_name:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return _error(404, f"The model `{model}` does not exist. Valid aliases: "
+                          f"{self.model_name}.", "NotFoundError", "model")
         ids = self._prompt_ids(body, chat)
         if isinstance(ids, str):
             return _error(400, ids, "BadRequestError")
@@ -247,10 +257,12 @@ class SimServer:
         mt = mt if mt is not None else body.get("max_tokens")
         if mt is not None and (not isinstance(mt, int) or mt < 1):
             return _error(400, "max_tokens must be a positive integer", "BadRequestError")
-        max_tokens = mt if mt is not None else mml - len(ids)
-        if len(ids) + max(max_tokens, 1) > mml or max_tokens < 1:
-            return _error(400, context_length_error(mml, len(ids), max(max_tokens, 0)),
-                          "BadRequestError")
+        # vLLM 0.32: a prompt that reaches max_model_len is refused; otherwise max_tokens is
+        # cut to what is left (200, finish_reason "length"), it is not an error.
+        err = context_length_error(mml, len(ids), at_least=chat or not _token_ids(body))
+        if err is not None:
+            return _error(400, err[0], "BadRequestError", err[1])
+        max_tokens = min(mt if mt is not None else mml, mml - len(ids))
         stream = self._submit(ids, max_tokens, request.headers.get("X-Request-Id"))
         try:
             if body.get("stream"):

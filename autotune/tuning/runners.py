@@ -115,7 +115,8 @@ def records_from_sim(res: SimResult) -> tuple[list[RequestRecord], float]:
             request_id=r.request_id, success=True, prompt_len=r.prompt_len,
             prompt_tokens=r.prompt_len, output_tokens=len(tt), scheduled_at=r.arrival,
             sent_at=r.arrival, first_token_at=r.first_token, last_token_at=r.finish,
-            finished_at=r.finish, itl=np.diff(tt).tolist(), ttft=r.ttft, e2el=r.e2e))
+            finished_at=r.finish, itl=np.diff(tt).tolist(), ttft=r.ttft, e2el=r.e2e,
+            truncated=r.truncated))
     return recs, end
 
 

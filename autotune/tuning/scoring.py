@@ -60,7 +60,9 @@ def score_level(metrics: Mapping[str, float | int | None], slo: Slo, scale: floa
     over = int(metrics.get("over_length_rejections") or 0)
     errors = int(metrics.get("failed") or 0) - over
     err_rate = errors / total if total else 1.0
-    over_rate = over / total if total else 0.0
+    # requests max_model_len did not fit: refused (prompt too long) or served cut short
+    too_long = over + int(metrics.get("truncated_requests") or 0)
+    over_rate = too_long / total if total else 0.0
     # Every trial reports the same four constraint names (unused ones at -1, always met), so
     # the sampler compares like with like.
     v: dict[str, float] = {}

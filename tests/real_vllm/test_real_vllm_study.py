@@ -1,0 +1,101 @@
+"""A three-trial ``fixed-rate`` study with ``worker: vllm`` on PostgreSQL, through the CLI.
+
+Each trial launches real vLLM through the study controller: the baseline and one sampled
+config serve the workload; the enqueued config (``max_num_batched_tokens`` below
+``max_num_seqs``) is refused by vLLM at startup, and the study still completes, with that
+trial COMPLETE, infeasible, objective 0, and vLLM's failure class and text stored.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from test_store import fresh_database  # tests/ is on sys.path, as for tests/test_study.py
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.store import Store
+
+from .support import SERVED_MODEL, SERVER_KV_BYTES, TIMINGS, WORKER_ENV
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.postgres]
+
+NUM_PROMPTS = 12
+
+
+def study_config(name: str, venv: Path, model: Path, workdir: Path) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": {"name": str(model), "served_name": SERVED_MODEL},
+        "hardware": "test-4GB",
+        "worker": {"kind": "vllm", "vllm_executable": [str(venv / "bin" / "vllm")],
+                   "static_args": {"enforce_eager": True,
+                                   "kv_cache_memory_bytes": SERVER_KV_BYTES},
+                   "env": dict(WORKER_ENV), "startup_timeout_s": 300,
+                   "workdir": str(workdir)},
+        "workload": {"source": "synthetic", "num_prompts": NUM_PROMPTS, "input_len": 64,
+                     "output_len": 32, "arrival": "poisson", "rate": 4, "seed": 0},
+        "slo": {"p99_ttft_ms": 10000, "p99_tpot_ms": 1000},
+        "mode": "fixed-rate",
+        "enqueue": [{"max_num_seqs": 64, "max_num_batched_tokens": 32}],
+        "strategy": {"name": "joint", "n_trials": 3},
+        "seed": 0,
+    }
+
+
+@pytest.fixture
+def short_workdir() -> Iterator[Path]:
+    """Trial folders under a short path: vLLM's ZMQ socket paths in each trial's TMPDIR must
+    stay under 107 characters (see test_deep_workdir_still_starts)."""
+    path = Path(tempfile.mkdtemp(prefix="atw-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_three_trial_fixed_rate_study_on_postgres(vllm_venv: Path, tiny_model: Path,
+                                                  tmp_path: Path, short_workdir: Path) -> None:
+    name = f"real-vllm-{secrets.token_hex(3)}"
+    cfg_path = tmp_path / "study.yaml"
+    cfg_path.write_text(yaml.safe_dump(study_config(name, vllm_venv, tiny_model,
+                                                    short_workdir)))
+    runner = CliRunner()
+    with fresh_database("postgres", tmp_path) as url:
+        up = runner.invoke(app, ["db", "upgrade", "--storage", url])
+        assert up.exit_code == 0, up.output
+        t0 = time.monotonic()
+        r = runner.invoke(app, ["study", "create", "--config", str(cfg_path), "--storage", url,
+                                "--run"])
+        TIMINGS["study: 3 trials on real vLLM"] = time.monotonic() - t0
+        assert r.exit_code == 0, (r.output, r.exception)
+        assert "3 trial(s) run" in r.output
+        with Store.open(url) as store:
+            trials = store.trials(name)
+            assert [t.stage for t in trials] == ["baseline", "enqueue-0", "joint"]
+            assert all(t.state == "COMPLETE" for t in trials)
+            ok, bad, third = trials
+            # the baseline served the whole workload on real vLLM
+            assert ok.failure_class is None and ok.feasible is True, ok.log_tail
+            assert ok.levels[0].completed == NUM_PROMPTS and ok.levels[0].failed == 0
+            assert ok.launch_argv is not None and ok.launch_argv[:2] == [
+                str(vllm_venv / "bin" / "vllm"), "serve"]
+            assert "--kv-cache-memory-bytes" in ok.launch_argv
+            assert ok.kv_cache_tokens == SERVER_KV_BYTES // 512
+            assert ok.startup_s is not None and ok.startup_s > 0
+            # the enqueued config: refused by vLLM, classified, infeasible, objective 0
+            assert bad.failure_class == "MNBT_LT_MNS" and bad.objective == 0
+            assert bad.feasible is False and all(c > 0 for c in bad.constraints)
+            assert "must be greater than or equal to max_num_seqs" in (bad.log_tail or "")
+            assert third.failure_class is None, (third.failure_class, third.log_tail)
+            assert third.levels and third.levels[0].completed == NUM_PROMPTS
+        ft = optuna.load_study(study_name=name, storage=url).trials
+        assert [t.state for t in ft] == [optuna.trial.TrialState.COMPLETE] * 3
+        assert ft[1].user_attrs["failure_class"] == "MNBT_LT_MNS" and ft[1].value == 0
