@@ -166,9 +166,15 @@ class SimServer:
                                   "vocab_size": self.engine.model.vocab_size})
 
     async def models(self, _r: web.Request) -> web.Response:
-        card = {"id": self.model_name, "object": "model", "created": int(time.time()),
+        now = int(time.time())
+        perm = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                "created": now, "allow_create_engine": False, "allow_sampling": True,
+                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                "allow_fine_tuning": False, "organization": "*", "group": None,
+                "is_blocking": False}
+        card = {"id": self.model_name, "object": "model", "created": now,
                 "owned_by": "vllm", "root": self.model_path, "parent": None,
-                "max_model_len": self.engine.args.max_model_len}
+                "max_model_len": self.engine.args.max_model_len, "permission": [perm]}
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_page(self, _r: web.Request) -> web.Response:
@@ -305,7 +311,7 @@ class SimServer:
         def chunk(choices: list[dict[str, Any]], usage: Any = None) -> dict[str, Any]:
             c: dict[str, Any] = {"id": rid, "object": obj, "created": created,
                                  "model": self.model_name, "choices": choices}
-            if not chat or usage is not None:
+            if usage is not None:  # as real vLLM 0.32: only the usage chunk has the key
                 c["usage"] = usage
             return c
 
@@ -314,7 +320,7 @@ class SimServer:
                 return {"index": 0, "delta": {"content": text}, "logprobs": None,
                         "finish_reason": fr}
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": fr,
-                    "stop_reason": None}
+                    "stop_reason": None, "prompt_token_ids": None, "token_ids": None}
 
         # Mid-stream chunks differ only in their text: serialize the frame once and splice
         # each token's JSON string into it (byte-identical to json.dumps of the whole chunk).
