@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -241,16 +242,22 @@ async def test_kv_size_and_utilization_applied(vllm_server: RealServer) -> None:
     assert len(env["TMPDIR"]) + 37 <= 107
 
 
+_STATS_LINE = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs")
+
+
 async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
-    """12 waves of long streams against max_num_seqs=4: /metrics shows 4 running and the
+    """16 waves of long streams against max_num_seqs=4: /metrics shows 4 running and the
     rest waiting (a binding max_num_seqs is capacity waiting, not preemption).
 
     A scrape can take seconds while the API server and this process stream on two busy
-    cores (up to 9 s seen here, 3-7 s in vllm-cpu.md), so the load lasts long enough (about
-    15 s) for one to land mid-flight.
+    cores (up to 17 s seen here, 3-7 s in vllm-cpu.md): one may never land mid-flight. The
+    server's own periodic stats line ("Running: N reqs, Waiting: M reqs", every 10 s on 0.32)
+    is the same gauge read inside the engine, so it counts as seeing it too. (Client-side
+    timing cannot tell: the API server stalled its output for ~12 s here and then delivered
+    several waves at once.)
     """
     mns = SERVER_ENGINE_ARGS["max_num_seqs"]
-    reqs = text_requests(12 * mns, 8, 1000, "mns")
+    reqs = text_requests(16 * mns, 8, 1000, "mns")
     pre0 = sample(await scrape(vllm_server), "vllm:num_preemptions_total")
     load = asyncio.create_task(run_load(vllm_server.base_url, reqs, model=vllm_server.model,
                                         request_timeout=300.0, drain_timeout=300.0))
@@ -275,15 +282,21 @@ async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
     res = await load
     TIMINGS[f"{len(reqs)} x 1000-token streams, max_num_seqs {mns}"] = res.duration
     TIMINGS["slowest /metrics scrape under that load"] = max((s[1] for s in samples), default=0)
-    assert seen, (f"never saw running == {mns} with waiting > 0; samples (t, scrape s, "
-                  f"running, waiting, capacity): {samples}; scrape errors: {problems}")
+    logged = [(int(m.group(1)), int(m.group(2)))
+              for m in map(_STATS_LINE.search, vllm_server.worker.log_lines()) if m]
+    seen_in_log = any(r == mns and w > 0 for r, w in logged)
+    assert seen or seen_in_log, (
+        f"never saw running == {mns} with waiting > 0; samples (t, scrape s, running, "
+        f"waiting, capacity): {samples}; scrape errors: {problems}; stats lines: {logged}")
     assert all(s[2] <= mns for s in samples), samples
-    assert samples[-1][4] == samples[-1][3]  # all of the waiting is for capacity
+    assert all(r <= mns for r, _ in logged), logged
+    if seen:
+        assert samples[-1][4] == samples[-1][3]  # all of the waiting is for capacity
     assert all(r.success and r.output_tokens == 1000 for r in res.records), [
         r.error for r in res.records if not r.success]
     after = await scrape(vllm_server)
     assert sample(after, "vllm:num_preemptions_total") == pre0  # ample KV: no preemption
-    # Queueing shows in TTFT: the requests of the last wave waited for 11 waves' decode.
+    # Queueing shows in TTFT: the requests of the last wave waited for 15 waves of decode.
     ttfts = sorted(r.ttft or 0.0 for r in res.records)
     assert ttfts[-1] > 5 * ttfts[0]
 
