@@ -256,9 +256,13 @@ def test_sim_worker_study_runs_the_full_process_path(store: Store, tmp_path: Pat
         enqueue=[{"max_num_seqs": 512, "max_num_batched_tokens": 256}],
         strategy={"name": "joint", "n_trials": 3})
     create_study(cfg, text, store)
-    run_study("t", store)
+    events: list[tuple[str, Any]] = []
+    run_study("t", store, on_event=lambda k, d: events.append((k, d)))
     trials = store.trials("t")
     assert len(trials) == 3
+    # live replay progress reaches the caller while a level runs
+    live = [d for k, d in events if k == "level_progress"]
+    assert live and live[-1]["planned"] == 40 and live[-1]["sent"] <= 40
     ok, bad = trials[0], trials[1]
     assert ok.failure_class is None and ok.levels[0].completed == 40
     assert ok.launch_argv is not None and ok.launch_argv[1:5] == ["-m", "autotune.cli", "sim",

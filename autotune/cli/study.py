@@ -65,6 +65,11 @@ def _progress(total: int | None) -> Any:
                       f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
                       f"max_num_seqs={ea['max_num_seqs']} "
                       f"max_num_batched_tokens={ea['max_num_batched_tokens']}")
+        elif kind == "level_progress" and out.is_terminal:  # live replay (HTTP workers)
+            p99 = f"{d['p99_ttft_ms']:,.0f} ms" if d["p99_ttft_ms"] is not None else "-"
+            out.print(f"    load x{d['scale']:.2f}: sent {d['sent']}/{d['planned']}, completed "
+                      f"{d['completed']}, failed {d['failed']}, p99 TTFT so far {p99}",
+                      end="\r")
         elif kind == "level_done":
             m = d["metrics"]
             out.print(f"    load x{d['scale']:.2f}: {m.get('output_throughput', 0):,.0f} tok/s, "

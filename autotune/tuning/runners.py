@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,7 +21,7 @@ import numpy as np
 from autotune.config import StudyConfig
 from autotune.failures import FailureMatch
 from autotune.loadgen.metrics import RequestRecord, summarize
-from autotune.loadgen.runner import run_load
+from autotune.loadgen.runner import ProgressSnapshot, run_load
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import SimResult, simulate
 from autotune.sim.hardware import HardwareProfile
@@ -66,7 +66,9 @@ class Runner(Protocol):
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo: ...
 
-    async def run_level(self, workload: Workload, scale: float) -> LevelOutcome: ...
+    async def run_level(self, workload: Workload, scale: float,
+                        progress: Callable[[ProgressSnapshot], None] | None = None
+                        ) -> LevelOutcome: ...
 
     def failure(self) -> FailureMatch | None: ...
 
@@ -141,7 +143,9 @@ class VirtualRunner:
                          host="127.0.0.1", port=8000)
         return StartInfo(format_command(argv), argv, 0.0, mem.kv_tokens, mem.max_concurrency)
 
-    async def run_level(self, workload: Workload, scale: float) -> LevelOutcome:
+    async def run_level(self, workload: Workload, scale: float,
+                        progress: Callable[[ProgressSnapshot], None] | None = None
+                        ) -> LevelOutcome:
         assert self.args is not None, "start() first"
         wl = scale_rate(workload, scale)
         self._levels += 1
@@ -195,7 +199,9 @@ class HttpRunner:
         return StartInfo(info.command, list(info.argv), info.startup_s, info.kv_cache_tokens,
                          info.max_concurrency)
 
-    async def run_level(self, workload: Workload, scale: float) -> LevelOutcome:
+    async def run_level(self, workload: Workload, scale: float,
+                        progress: Callable[[ProgressSnapshot], None] | None = None
+                        ) -> LevelOutcome:
         assert self.base_url is not None, "start() first"
         wl = prepare_prompts(scale_rate(workload, scale), token_ids=self.token_ids,
                              vocab_size=self.vocab)
@@ -209,7 +215,7 @@ class HttpRunner:
             res = await run_load(self.base_url, wl.requests, model=self.model_name,
                                  endpoint=self.endpoint,  # type: ignore[arg-type]
                                  max_concurrency=wl.closed_loop_concurrency,
-                                 time_scale=self.time_scale)
+                                 time_scale=self.time_scale, progress=progress)
         out = LevelOutcome(scale, _offered(workload, scale), dict(res.summary),
                            extra={"base_url": self.base_url})
         tel: LevelTelemetry | None = None

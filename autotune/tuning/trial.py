@@ -120,7 +120,12 @@ async def run_trial(setup: TrialSetup, *, number: int, stage: str, params: Mappi
             history: list[tuple[float, bool]] = []
             while (scale := _scales(cfg, history, setup.start_scale)) is not None:
                 emit("level_start", {"number": number, "scale": scale})
-                out = await runner.run_level(setup.workload, scale)
+                def live(p: Any, n: int = number, sc: float = scale) -> None:
+                    emit("level_progress", {"number": n, "scale": sc, "sent": p.sent,
+                                            "planned": p.planned, "completed": p.completed,
+                                            "failed": p.failed, "p99_ttft_ms": p.p99_ttft_ms})
+
+                out = await runner.run_level(setup.workload, scale, progress=live)
                 ls = score_level(out.metrics, setup.slo, scale,
                                  latency_slos=cfg.mode != "offline",
                                  preemption_constraint=cfg.telemetry.preemption_constraint)
