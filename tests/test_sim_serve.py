@@ -12,16 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from autotune.failures import FailureClass, classify_log
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_cmd(*args: str) -> list[str]:

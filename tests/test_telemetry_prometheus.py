@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -23,6 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import need_service
+from helpers import free_port
 
 from autotune.errors import ConfigError
 from autotune.loadgen import run_load
@@ -47,12 +47,6 @@ OLD_NAMES = {"vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc",
              "vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds",
              "vllm:prefix_cache_queries": "vllm:gpu_prefix_cache_queries",
              "vllm:prefix_cache_hits": "vllm:gpu_prefix_cache_hits"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import group_gone
 
 from autotune.errors import WorkerStartupError
 from autotune.failures import FailureClass
@@ -27,14 +28,6 @@ from autotune.workers import (
 
 CAPTURES = Path(__file__).parents[2] / "shared/reference/vllm-0.32-cpu-captures"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 # -- argv --------------------------------------------------------------------------------

@@ -5,8 +5,6 @@ request), so group kill, fast failure and the deadline are checked without vLLM.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import sys
 import textwrap
 import time
@@ -14,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port, group_gone, pid_gone
 
 from autotune.errors import WorkerStartupError
 from autotune.failures import FailureClass
@@ -24,22 +23,6 @@ KV_TOO_SMALL = (
     "KV cache is needed, which is larger than the available KV cache memory (0.0 GiB). Based "
     "on the available memory, the estimated maximum model length is 384. Try increasing "
     "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 # -- supervisor on real processes -----------------------------------------------------------
@@ -81,12 +64,6 @@ HANG = textwrap.dedent("""
     open(sys.argv[1], "w").write(str(child.pid))
     time.sleep(60)
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def script(tmp_path: Path, name: str, text: str) -> str:
