@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.config import parse_config
 from autotune.errors import ConfigError
-from autotune.store import Store
+from autotune.store import Store, TrialRecord
 from autotune.telemetry import KINDS
 from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.space import PARAM_ORDER
@@ -271,3 +271,47 @@ def test_sim_worker_study_runs_the_full_process_path(store: Store, tmp_path: Pat
     # vLLM validates mnbt >= mns at startup: the enqueued config fails like vLLM would
     assert bad.failure_class == "MNBT_LT_MNS" and bad.objective == 0
     assert "must be greater than or equal to max_num_seqs" in (bad.log_tail or "")
+
+
+@pytest.mark.postgres
+def test_two_controllers_share_one_study_on_postgres(tmp_path: Path) -> None:
+    """Scale-out through Optuna's RDB storage: two `study run` processes on one study."""
+    _, text = config(strategy={"name": "joint", "n_trials": 20})
+    cfg_path = tmp_path / "s.yaml"
+    cfg_path.write_text(text)
+    with fresh_database("postgres", tmp_path) as url:
+        Store.open(url, upgrade=True).close()
+        runner = CliRunner()
+        r = runner.invoke(app, ["study", "create", "--config", str(cfg_path), "--storage", url])
+        assert r.exit_code == 0, r.output
+        cmd = [sys.executable, "-m", "autotune.cli", "study", "run", "t", "--n-trials", "3",
+               "--storage", url]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+        outs = [p.communicate(timeout=240) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        with Store.open(url) as store:
+            trials = store.trials("t")
+        assert len(trials) == 6 and all(t.state == "COMPLETE" for t in trials)
+        assert sorted(t.optuna_trial_number for t in trials) == list(range(6))
+        assert [t.stage for t in trials].count("baseline") == 1  # popped by exactly one
+        study = optuna.load_study(study_name="t", storage=url)
+        assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == 6
+
+
+def test_fail_running_marks_trials_a_killed_run_left(store: Store) -> None:
+    cfg, text = config(strategy={"name": "joint", "n_trials": 3})
+    create_study(cfg, text, store)
+    run_study("t", store, n_trials=1)
+    study = optuna.load_study(study_name="t", storage=store.url)
+    orphan = study.ask()  # as if a controller was killed mid-trial
+    store.add_trial(TrialRecord(study_name="t", optuna_trial_number=orphan.number,
+                                stage="joint", state="RUNNING", params={}, engine_args={},
+                                launch_command=None, launch_argv=None,
+                                worker_kind="sim-virtual"))
+    run_study("t", store, n_trials=0)  # never implicit: others may share the study
+    assert store.trials("t")[1].state == "RUNNING"
+    run_study("t", store, n_trials=0, reset_running=True)
+    assert store.trials("t")[1].state == "FAIL"
+    ft = optuna.load_study(study_name="t", storage=store.url).trials[1]
+    assert ft.state == optuna.trial.TrialState.FAIL

@@ -106,9 +106,10 @@ def create(
             _run(store, rec.name, n_trials, None)
 
 
-def _run(store: Store, name: str, n_trials: int | None, timeout: float | None) -> None:
+def _run(store: Store, name: str, n_trials: int | None, timeout: float | None,
+         reset_running: bool = False) -> None:
     report = run_study(name, store, n_trials=n_trials, timeout=timeout,
-                       on_event=_progress(n_trials))
+                       on_event=_progress(n_trials), reset_running=reset_running)
     console().print(f"{report.trials_run} trial(s) run ({report.stopped_by}).")
     cfg = load_study_config(store.get_study(name))  # type: ignore[arg-type]
     rec = recommend(cfg, store.trials(name))
@@ -124,10 +125,13 @@ def run_cmd(
     storage: StorageOpt = None,
     n_trials: Annotated[int | None, typer.Option(help="at most N trials this run")] = None,
     timeout: Annotated[float | None, typer.Option(help="stop after S seconds")] = None,
+    fail_running: Annotated[bool, typer.Option(
+        "--fail-running", help="first mark trials a killed run left RUNNING as failed (not "
+        "while other controllers share the study)")] = False,
 ) -> None:
-    """Run (or resume) a study."""
+    """Run (or resume) a study. Several controllers may run one study at once (Postgres)."""
     with _open(storage) as store:
-        _run(store, name, n_trials, timeout)
+        _run(store, name, n_trials, timeout, fail_running)
 
 
 @study_app.command("list")

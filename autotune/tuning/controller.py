@@ -40,7 +40,8 @@ from autotune.tuning.trial import Event, TrialSetup, run_trial
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 
-__all__ = ["RunReport", "config_yaml_of", "create_study", "load_study_config", "run_study"]
+__all__ = ["RunReport", "config_yaml_of", "create_study", "fail_running", "load_study_config",
+           "run_study"]
 
 log = logging.getLogger(__name__)
 _BOUNDS_ATTR = "autotune.bounds"
@@ -156,9 +157,10 @@ async def _baseline_capacity(cfg: StudyConfig, model: ModelProfile, hw: Hardware
     return max(ok) if ok else min(x for x, _ in history)
 
 
-def _fail_stale(study: optuna.Study, store: Store, name: str) -> None:
-    """Trials left RUNNING by an interrupted run never finished: mark them FAIL so the
-    samplers ignore them and a resumed run starts clean."""
+def fail_running(study: optuna.Study, store: Store, name: str) -> None:
+    """Mark every RUNNING trial FAIL. Only for trials a killed controller left behind (Ctrl-C
+    already fails its own trial): other controllers sharing the study may be running theirs,
+    so this is never done implicitly."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL)
     for tr in store.trials(name):
@@ -230,7 +232,7 @@ async def _run(cfg: StudyConfig, store: Store, study: optuna.Study, bounds: Spac
 
 def run_study(name: str, store: Store, *, n_trials: int | None = None,
               timeout: float | None = None, on_event: Event | None = None,
-              workdir: Path | None = None) -> RunReport:
+              workdir: Path | None = None, reset_running: bool = False) -> RunReport:
     rec = store.get_study(name)
     if rec is None:
         raise StorageError(f"no study named {name!r} in {store.url.split('@')[-1]}; "
@@ -243,7 +245,8 @@ def run_study(name: str, store: Store, *, n_trials: int | None = None,
     if wl.fingerprint() != study.user_attrs.get("autotune.workload_fingerprint"):
         raise ConfigError(f"study {name!r}: the workload no longer matches the one the study "
                           "was created with (its file changed?); create a new study")
-    _fail_stale(study, store, name)
+    if reset_running:
+        fail_running(study, store, name)
     work = workdir or Path(cfg.worker.workdir) / name
     return asyncio.run(_run(cfg, store, study, bounds, wl, model, hw, n_trials, timeout,
                             on_event, work))
