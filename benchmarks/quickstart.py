@@ -34,8 +34,8 @@ from autotune.sim.hardware import get_hardware
 from autotune.sim.models import get_model
 from autotune.store import Store
 from autotune.tuning.controller import create_study, run_study
-from autotune.tuning.runners import VirtualRunner
-from autotune.tuning.scoring import Slo, next_scale, score_level
+from autotune.tuning.runners import VirtualRunner, capacity_search
+from autotune.tuning.scoring import Slo
 from autotune.workload.build import build_workload
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -57,16 +57,9 @@ async def capacity(cfg: StudyConfig, engine_args: dict[str, Any], seed: int) -> 
     r = VirtualRunner(model, hw, model_name=cfg.model.name, static_args={}, seed=seed,
                       jitter_cv=cfg.worker.jitter_cv)
     await r.start(engine_args, "remeasure")
-    s = cfg.slo
-    slo = Slo(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
-    hist: list[tuple[float, bool, float]] = []
-    while (sc := next_scale([(a, b) for a, b, _ in hist], low=0.25, high=16,
-                            budget=8)) is not None:
-        out = await r.run_level(wl, sc)
-        ls = score_level(out.metrics, slo, sc)
-        hist.append((sc, ls.feasible, ls.output_throughput))
-    ok = [x for x in hist if x[1]]
-    return max(ok)[2] if ok else 0.0
+    levels = await capacity_search(r, wl, Slo.of(cfg.slo), low=0.25, high=16, budget=8)
+    ok = [lv for lv in levels if lv.feasible]
+    return max(ok, key=lambda lv: lv.scale).output_throughput if ok else 0.0
 
 
 def main() -> None:

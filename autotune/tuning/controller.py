@@ -25,8 +25,8 @@ from autotune.sim.hardware import HardwareProfile, get_hardware
 from autotune.sim.models import ModelProfile, get_model, load_model_config
 from autotune.store import Store, StudyRecord
 from autotune.tuning.plan import baseline_engine_args, build_bounds, estimate_peak_concurrency
-from autotune.tuning.runners import VirtualRunner, make_runner
-from autotune.tuning.scoring import Slo, next_scale, score_level
+from autotune.tuning.runners import VirtualRunner, capacity_search, make_runner
+from autotune.tuning.scoring import Slo
 from autotune.tuning.space import (
     MNBT_PARAM,
     PARAM_ORDER,
@@ -146,15 +146,11 @@ async def _baseline_capacity(cfg: StudyConfig, model: ModelProfile, hw: Hardware
         await runner.start(baseline, "capacity-probe")
     except SimStartupError:
         return 1.0
-    s, st = cfg.slo, cfg.strategy
-    slo = Slo(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
-    history: list[tuple[float, bool]] = []
-    while (scale := next_scale(history, low=st.capacity_low, high=st.capacity_high,
-                               budget=st.capacity_levels)) is not None:
-        out = await runner.run_level(wl, scale)
-        history.append((scale, score_level(out.metrics, slo, scale).feasible))
-    ok = [x for x, f in history if f]
-    return max(ok) if ok else min(x for x, _ in history)
+    st = cfg.strategy
+    levels = await capacity_search(runner, wl, Slo.of(cfg.slo), low=st.capacity_low,
+                                   high=st.capacity_high, budget=st.capacity_levels)
+    ok = [lv.scale for lv in levels if lv.feasible]
+    return max(ok) if ok else min(lv.scale for lv in levels)
 
 
 def fail_running(study: optuna.Study, store: Store, name: str) -> None:

@@ -29,13 +29,14 @@ from autotune.sim.memory import plan_memory
 from autotune.sim.models import ModelProfile
 from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, write_sd_targets
 from autotune.telemetry.summary import LevelTelemetry, from_scrape, from_sim_timeline
+from autotune.tuning.scoring import LevelScore, Slo, next_scale, score_level
 from autotune.workers.sim import SimWorker
 from autotune.workers.vllm import VllmWorker, format_command, vllm_argv
 from autotune.workload.build import prepare_prompts, scale_rate
 from autotune.workload.core import Workload
 
-__all__ = ["HttpRunner", "LevelOutcome", "Runner", "StartInfo", "VirtualRunner", "make_runner",
-           "records_from_sim", "sim_engine_args"]
+__all__ = ["HttpRunner", "LevelOutcome", "Runner", "StartInfo", "VirtualRunner", "capacity_search",
+           "make_runner", "records_from_sim", "sim_engine_args"]
 
 _SIM_ARG_FIELDS = {"max_model_len", "gpu_memory_utilization", "max_num_seqs",
                    "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
@@ -233,6 +234,18 @@ class HttpRunner:
     async def stop(self) -> None:
         await self.worker.stop()
         self.base_url = None
+
+
+async def capacity_search(runner: Runner, workload: Workload, slo: Slo, *, low: float,
+                          high: float, budget: int, start: float = 1.0) -> list[LevelScore]:
+    """The bracketed search for the highest load meeting ``slo`` on a started runner (no
+    storage, no events): the baseline's capacity probe and the benchmarks' re-measurements."""
+    levels: list[LevelScore] = []
+    while (scale := next_scale([(lv.scale, lv.feasible) for lv in levels], low=low, high=high,
+                               budget=budget, start=start)) is not None:
+        out = await runner.run_level(workload, scale)
+        levels.append(score_level(out.metrics, slo, scale))
+    return levels
 
 
 def make_runner(cfg: StudyConfig, model: ModelProfile, hardware: HardwareProfile,

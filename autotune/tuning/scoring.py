@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.config import SloConfig
+
 __all__ = [
     "CONSTRAINT_NAMES",
     "LevelScore",
@@ -33,6 +35,11 @@ class Slo:
     p99_tpot_ms: float | None = None
     max_error_rate: float = 0.0
     max_overlength_rate: float = 0.01
+
+    @classmethod
+    def of(cls, s: SloConfig) -> Slo:
+        """The SLOs a study config states."""
+        return cls(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
 
 
 @dataclass(frozen=True)

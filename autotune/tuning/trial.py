@@ -49,8 +49,7 @@ class TrialSetup:
 
     @property
     def slo(self) -> Slo:
-        s = self.cfg.slo
-        return Slo(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
+        return Slo.of(self.cfg.slo)
 
 
 @dataclass
