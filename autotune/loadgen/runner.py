@@ -37,6 +37,7 @@ from autotune.loadgen.client import (
 from autotune.loadgen.metrics import DEFAULT_PERCENTILES, RequestRecord, summarize, windowed
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.spec import RequestSpec
+from autotune.timing import sleep_until
 
 __all__ = ["LoadResult", "ProgressSnapshot", "ServerInfo", "probe_server", "run_load"]
 
@@ -217,23 +218,8 @@ class _Run:
                 continue
             if duration is not None and arrival >= duration:
                 continue  # arrives after the bound: not part of this run
-            await _sleep_until(self.t0 + arrival / self.scale)
+            await sleep_until(self.t0 + arrival / self.scale)
             self._start(spec, arrival, holds_slot=False)
-
-
-# asyncio's epoll selector rounds timeouts UP to whole milliseconds, so a plain sleep wakes
-# 0-1 ms late (p50 ~0.5 ms). Sleeping to SPIN_S before the target and then yielding to the
-# loop until it arrives keeps sends within tens of microseconds of their schedule while other
-# tasks (streams being read) still run during the spin.
-SPIN_S = 0.0015
-
-
-async def _sleep_until(target: float) -> None:
-    """Wait until ``time.perf_counter() >= target``; never returns early."""
-    while (delay := target - time.perf_counter()) > SPIN_S:
-        await asyncio.sleep(delay - SPIN_S)
-    while time.perf_counter() < target:
-        await asyncio.sleep(0)
 
 
 def _validate(

@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
+
+from autotune.timing import sleep_until
 
 __all__ = ["Clock", "RealClock", "VirtualClock"]
 
@@ -39,8 +40,6 @@ class VirtualClock(Clock):
 class RealClock(Clock):
     """Engine seconds = wall seconds x ``scale`` since construction."""
 
-    SPIN_S = 0.0015
-
     def __init__(self, scale: float = 1.0) -> None:
         if scale <= 0:
             raise ValueError("time scale must be positive")
@@ -54,11 +53,5 @@ class RealClock(Clock):
         return self._t0 + t / self.scale
 
     async def sleep_until(self, t: float) -> None:
-        # asyncio's epoll selector rounds timeouts up to whole milliseconds; tokens would be
-        # released up to 1 ms late. Sleep to SPIN_S before the step's end, then yield to the
-        # loop (HTTP handlers keep running) until it is reached.
-        target = self.wall_at(t)
-        while (delay := target - time.monotonic()) > self.SPIN_S:
-            await asyncio.sleep(delay - self.SPIN_S)
-        while time.monotonic() < target:
-            await asyncio.sleep(0)
+        # precise to tens of microseconds: tokens are released at the step's end
+        await sleep_until(self.wall_at(t), time.monotonic)
