@@ -38,9 +38,9 @@ class Recommendation:
 
 
 def _top_level(t: TrialRecord) -> dict[str, Any] | None:
-    if not t.levels:
+    lv = t.headline_level()
+    if lv is None:
         return None
-    lv = max(t.levels, key=lambda x: (x.feasible, x.scale))
     return {"scale": lv.scale, "p99_ttft_ms": lv.p99_ttft_ms, "p99_tpot_ms": lv.p99_tpot_ms,
             "output_throughput": lv.output_throughput, "feasible": lv.feasible}
 

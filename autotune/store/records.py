@@ -95,6 +95,15 @@ class TrialRecord:
     finished_at: datetime | None = None
     id: int | None = None
 
+    def headline_level(self) -> LevelRecord | None:
+        """The level that speaks for the trial: its highest-load level that met the SLOs,
+        else its lowest load (the closest it came). Its p99s and diagnosis are the trial's."""
+        ok = [lv for lv in self.levels if lv.feasible]
+        if ok:
+            return max(ok, key=lambda lv: lv.scale)
+        return min(self.levels, key=lambda lv: lv.scale, default=None)
+
+
 
 @dataclass
 class StudySummary:

@@ -215,8 +215,8 @@ async def _run(cfg: StudyConfig, store: Store, study: optuna.Study, bounds: Spac
         trial.set_user_attr("failure_class", out.failure_class)
         trial.set_user_attr("capacity_scale", out.score.capacity_scale)
         trial.set_user_attr("launch_command", out.record.launch_command)
-        if out.record.levels:
-            top = max(out.record.levels, key=lambda lv: (lv.feasible, lv.scale))
+        top = out.record.headline_level()
+        if top is not None:
             trial.set_user_attr("p99_ttft_ms", top.p99_ttft_ms)
             trial.set_user_attr("p99_tpot_ms", top.p99_tpot_ms)
         if out.record.diagnosis:

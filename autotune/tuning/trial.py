@@ -158,11 +158,9 @@ async def run_trial(setup: TrialSetup, *, number: int, stage: str, params: Mappi
     rec.feasible, rec.capacity_scale = score.feasible, score.capacity_scale
     rec.failure_class = failure
     rec.finished_at = datetime.now(UTC)
-    # The trial's diagnosis is the one at its highest-load level that met the SLOs (else its
-    # lowest level): the bottleneck that stops this config from taking more load.
-    if rec.levels:
-        ok = [lv for lv in rec.levels if lv.feasible]
-        top = max(ok, key=lambda lv: lv.scale) if ok else min(rec.levels, key=lambda lv: lv.scale)
+    # the bottleneck that stops this config from taking more load
+    top = rec.headline_level()
+    if top is not None:
         rec.diagnosis = top.diagnosis
     store.update_trial(rec.id, state="COMPLETE", objective=score.objective,
                        constraints=rec.constraints, feasible=score.feasible,
