@@ -120,12 +120,17 @@ class Scheduler:
         r.output = r.o0 + k
         if k > 0:
             r.emit_range(r.s0, s)
+        self._drop_decode(r)
+        self.explicit[r] = None
+
+    def _drop_decode(self, r: Req) -> None:
+        """Take a request out of decode mode; ``r.computed`` must already be materialized
+        (its blocks: exactly ``cdiv(computed, block_size)``)."""
         r.anon = -(-r.computed // self.bs) - len(r.hashed)
         del self._phase[(r.s0 - r.c0) % self.bs][r]
         self._ctx_base -= r.c0 - r.s0 + 1
         self.n_dec -= 1
         r.dec = False
-        self.explicit[r] = None
 
     def _max_dec_seq(self) -> int:
         h = self._dmax
@@ -345,11 +350,7 @@ class Scheduler:
     def _finish(self, r: Req, s: int) -> None:
         del self.running[r]
         if r.dec:
-            del self._phase[(r.s0 - r.c0) % self.bs][r]
-            self._ctx_base -= r.c0 - r.s0 + 1
-            self.n_dec -= 1
-            r.dec = False
-            r.anon = -(-r.computed // self.bs) - len(r.hashed)
+            self._drop_decode(r)
         else:
             del self.explicit[r]
         self.kv.free(r.anon, r.hashed)
