@@ -56,14 +56,6 @@ class _Stream:
     token_times: list[float] = field(default_factory=list)
 
 
-def _token_ids(body: dict[str, Any]) -> bool:
-    """Whether a completions prompt came as token ids (a list of ints, or a batch of one)."""
-    p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], list):
-        p = p[0]
-    return isinstance(p, list) and bool(p) and all(isinstance(t, int) for t in p)
-
-
 def _error(status: int, message: str, etype: str, param: str | None = None) -> web.Response:
     body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
     return web.json_response(body, status=status)
@@ -225,26 +217,27 @@ class SimServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
-    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int] | str:
+    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> tuple[list[int], bool] | str:
+        """The prompt's token ids and whether they came as ids (not text), or an error."""
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
                 return "messages must be a non-empty list"
             try:
-                return self.tokenizer.encode(self.tokenizer.chat_prompt(msgs))
+                return self.tokenizer.encode(self.tokenizer.chat_prompt(msgs)), False
             except (ValueError, TypeError) as exc:
                 return f"invalid messages: {exc}"
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(prompt), False
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             vocab = self.engine.model.vocab_size
             bad = next((t for t in prompt if not 0 <= t < vocab), None)
             if bad is not None:
                 return f"Token id {bad} is out of vocabulary"
-            return list(prompt)
+            return list(prompt), True
         return "prompt must be a string or a non-empty list of token ids"
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
@@ -255,9 +248,10 @@ class SimServer:
         if model != self.model_name:
             return _error(404, f"The model `{model}` does not exist. Valid aliases: "
                           f"{self.model_name}.", "NotFoundError", "model")
-        ids = self._prompt_ids(body, chat)
-        if isinstance(ids, str):
-            return _error(400, ids, "BadRequestError")
+        parsed = self._prompt_ids(body, chat)
+        if isinstance(parsed, str):
+            return _error(400, parsed, "BadRequestError")
+        ids, as_ids = parsed
         mml = self.engine.args.max_model_len
         mt = body.get("max_completion_tokens") if chat else None
         mt = mt if mt is not None else body.get("max_tokens")
@@ -265,7 +259,7 @@ class SimServer:
             return _error(400, "max_tokens must be a positive integer", "BadRequestError")
         # vLLM 0.32: a prompt that reaches max_model_len is refused; otherwise max_tokens is
         # cut to what is left (200, finish_reason "length"), it is not an error.
-        err = context_length_error(mml, len(ids), at_least=chat or not _token_ids(body))
+        err = context_length_error(mml, len(ids), at_least=not as_ids)
         if err is not None:
             return _error(400, err[0], "BadRequestError", err[1])
         max_tokens = min(mt if mt is not None else mml, mml - len(ids))
