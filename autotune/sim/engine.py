@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -53,7 +53,6 @@ class SimResult:
     num_steps: int
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_preemptions(self) -> int:

@@ -58,8 +58,7 @@ class LevelOutcome:
     scale: float
     offered_rate: float | None
     metrics: dict[str, Any]
-    sim: SimResult | None = None  # sim-virtual only: the engine's own timeline
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # telemetry and diagnosis
 
 
 class Runner(Protocol):
@@ -157,7 +156,7 @@ class VirtualRunner:
         start = min((r.scheduled_at for r in recs), default=0.0)
         metrics = summarize(recs, max(end - start, 1e-9))
         metrics["num_preemptions"] = res.num_preemptions
-        out = LevelOutcome(scale, _offered(workload, scale), metrics, sim=res)
+        out = LevelOutcome(scale, _offered(workload, scale), metrics)
         r = res.args
         tel = from_sim_timeline(res, -1.0, float("inf"), r.max_num_batched_tokens,
                                 r.max_num_seqs)
@@ -217,8 +216,7 @@ class HttpRunner:
                                  endpoint=self.endpoint,  # type: ignore[arg-type]
                                  max_concurrency=wl.closed_loop_concurrency,
                                  time_scale=self.time_scale, progress=progress)
-        out = LevelOutcome(scale, _offered(workload, scale), dict(res.summary),
-                           extra={"base_url": self.base_url})
+        out = LevelOutcome(scale, _offered(workload, scale), dict(res.summary))
         tel: LevelTelemetry | None = None
         if self.prom is not None:
             tel = await asyncio.to_thread(self.prom.level, self.trial_name, t_start,
