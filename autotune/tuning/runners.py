@@ -155,7 +155,6 @@ class VirtualRunner:
         recs, end = records_from_sim(res)
         start = min((r.scheduled_at for r in recs), default=0.0)
         metrics = summarize(recs, max(end - start, 1e-9))
-        metrics["num_preemptions"] = res.num_preemptions
         out = LevelOutcome(scale, _offered(workload, scale), metrics)
         r = res.args
         tel = from_sim_timeline(res, -1.0, float("inf"), r.max_num_batched_tokens,
