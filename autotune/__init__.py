@@ -6,8 +6,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 from autotune.errors import (
     AutotuneError,
+    BusyError,
     ConfigError,
+    DatabaseLostError,
+    MissingExtraError,
+    NotFoundError,
     ProfileError,
+    ServiceError,
     SimStartupError,
     StorageError,
     WorkerStartupError,
@@ -15,8 +20,13 @@ from autotune.errors import (
 
 __all__ = [
     "AutotuneError",
+    "BusyError",
     "ConfigError",
+    "DatabaseLostError",
+    "MissingExtraError",
+    "NotFoundError",
     "ProfileError",
+    "ServiceError",
     "SimStartupError",
     "StorageError",
     "WorkerStartupError",

@@ -9,30 +9,49 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from autotune.errors import ConfigError
 
 __all__ = [
+    "ControllerConfig",
     "ExtraParam",
     "ModelConfig",
     "RangeSpec",
     "SearchConfig",
     "SloConfig",
+    "SourceMap",
     "StrategyConfig",
     "StudyConfig",
     "TelemetryConfig",
+    "ValidateConfig",
     "WorkerConfig",
     "WorkloadConfig",
     "load_config",
     "parse_config",
+    "parse_document",
+    "read_config_text",
+    "source_map",
 ]
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
+# CUDA_VISIBLE_DEVICES: device indices or UUIDs (GPU-..., MIG-...), comma-separated
+_GPUS = re.compile(r"^[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*$")
 
 
 class _Model(BaseModel):
@@ -47,9 +66,12 @@ class ModelConfig(_Model):
 
 class WorkerConfig(_Model):
     kind: Literal["sim-virtual", "sim", "vllm"] = "sim-virtual"
-    vllm_executable: list[str] = Field(default_factory=lambda: ["vllm"])
+    vllm_executable: list[str] = Field(default_factory=lambda: ["vllm"], min_length=1)
     static_args: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
+    # names copied from the controller's environment on top of the allow-list
+    # (autotune.workers.env); a trailing * matches a prefix, e.g. MY_PLUGIN_*
+    env_passthrough: list[str] = Field(default_factory=list)
     gpus: str | None = None
     host: str = "127.0.0.1"
     startup_timeout_s: float = Field(900.0, gt=0)
@@ -58,14 +80,59 @@ class WorkerConfig(_Model):
     sim_startup_delay_s: float = Field(0.0, ge=0)
     jitter_cv: float = Field(0.015, ge=0, le=0.5)
 
+    @field_validator("vllm_executable")
+    @classmethod
+    def _executable(cls, v: list[str]) -> list[str]:
+        if not v[0].strip():
+            raise ValueError("the first element must name the vllm program")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if "\0" in value:
+                raise ValueError(f"{name}: a value may not contain a NUL character")
+        return v
+
+    @field_validator("env_passthrough")
+    @classmethod
+    def _passthrough(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _ENV_PATTERN.match(name):
+                raise ValueError(
+                    f"{name!r} is not an environment variable name (a trailing * matches a prefix)"
+                )
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: str | None) -> str | None:
+        if v is not None and not _GPUS.match(v):
+            raise ValueError(
+                f"{v!r} is not a device list: write indices or UUIDs separated by commas, "
+                "e.g. '0,1'"
+            )
+        return v
+
+    @field_validator("static_args")
+    @classmethod
+    def _flag_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not re.match(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
+                raise ValueError(f"{name!r} is not a flag name (write e.g. enforce_eager)")
+        return v
+
 
 class WorkloadConfig(_Model):
-    source: Literal["synthetic", "sharegpt-like", "random", "sharegpt", "mooncake", "azure",
-                    "trace"] = "synthetic"
+    source: Literal[
+        "synthetic", "sharegpt-like", "random", "sharegpt", "mooncake", "azure", "trace"
+    ] = "synthetic"
     path: str | None = None
     columns: dict[str, str] = Field(default_factory=dict)
     num_prompts: int = Field(500, ge=1)
-    duration_s: float | None = Field(None, gt=0)
     input_len: int = Field(512, ge=1)
     output_len: int = Field(128, ge=1)
     input_sigma: float = Field(0.5, ge=0)
@@ -105,7 +172,6 @@ class SloConfig(_Model):
 class RangeSpec(_Model):
     low: float | None = None
     high: float | None = None
-    log: bool | None = None
     candidates: list[int] | None = None
 
     @model_validator(mode="after")
@@ -128,27 +194,100 @@ class SearchConfig(_Model):
     max_model_len_margin: float = Field(0.1, ge=0, description="headroom over p95/p99/max")
     extra: list[ExtraParam] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _candidates(self) -> SearchConfig:
+        for name in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name).candidates is not None:
+                raise ValueError(
+                    f"{name}.candidates: only max_model_len takes candidates "
+                    f"(give {name} a low and a high)"
+                )
+        return self
+
+
+class ValidateConfig(_Model):
+    """The validation phase after the search (docs/tuning.md#7-validation): the top
+    ``top_k`` configs and the baseline re-measured ``repeats`` times each on fresh workload
+    samples, compared by a paired t-interval at ``confidence``."""
+
+    enabled: bool = True
+    top_k: int = Field(3, ge=1)
+    # 1 is allowed (a re-measurement without an interval: one run says nothing about noise)
+    repeats: int = Field(3, ge=1)
+    confidence: float = Field(0.95, gt=0, lt=1)
+
 
 class StrategyConfig(_Model):
-    name: Literal["staged", "joint"] = "staged"
+    # `validate` is a BaseModel method: the field is `validate_` in Python, `validate` in YAML
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+    name: Literal["staged", "joint", "random", "grid"] = "staged"
     n_trials: int = Field(24, ge=1)
     trials_per_stage: int = Field(5, ge=1)
-    joint_refinement: int = Field(0, ge=0)
-    timeout_s: float | None = Field(None, gt=0)
-    capacity_levels: int = Field(4, ge=2, le=12)
+    # staged: multivariate TPE trials after the first pass, before the coordinate passes
+    # (docs/tuning.md#8-the-staged-plan); 5 is what the tuning-quality benchmark measured
+    joint_refinement: int = Field(5, ge=0)
+    timeout_s: float | None = Field(None, gt=0, description="a run's default time limit")
+    # slo-capacity: loads lie on the lattice capacity_low * (1 + capacity_resolution)^k up to
+    # capacity_high (docs/tuning.md#1-the-capacity-lattice); capacity_levels caps the levels
+    # one trial may measure (a safety net: a search needs about log2(lattice size) + 2).
+    capacity_levels: int = Field(24, ge=2)
     capacity_low: float = Field(0.25, gt=0)
     capacity_high: float = Field(4.0, gt=0)
+    capacity_resolution: float = Field(0.01, gt=0, le=1)
+    # slo-capacity: end a level as soon as its verdict is certain
+    # (docs/tuning.md#10-early-stop-inside-a-level)
+    early_stop: bool = True
+    validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
+
+    @model_validator(mode="after")
+    def _capacity_range(self) -> StrategyConfig:
+        if self.capacity_low >= self.capacity_high:
+            raise ValueError(
+                f"capacity_low ({self.capacity_low:g}) must be below capacity_high "
+                f"({self.capacity_high:g})"
+            )
+        return self
 
 
 class TelemetryConfig(_Model):
     scrape_interval_s: float = Field(2.0, gt=0)
     prometheus_url: str | None = None
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_http_url(v)
+        return v
+
     # Prometheus mode: the file_sd targets file your Prometheus watches (see
     # configs/prometheus.yml); default <worker.workdir>/<study>/prometheus-targets.json
     sd_file: str | None = None
     # Make preemptions a constraint (any preemption at a level violates it); by default they
     # are counted, diagnosed and reported only.
     preemption_constraint: bool = False
+
+
+class ControllerConfig(_Model):
+    """How the controllers sharing a study notice each other's death and ride out database
+    outages (docs/faults.md#6-settings). Whole seconds where Optuna takes whole seconds."""
+
+    heartbeat_interval_s: int = Field(5, ge=1)
+    grace_period_s: int = Field(60, ge=2)
+    db_outage_tolerance_s: float = Field(30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _grace_outlasts_outage(self) -> ControllerConfig:
+        need = self.db_outage_tolerance_s + 2 * self.heartbeat_interval_s
+        if self.grace_period_s < need:
+            raise ValueError(
+                f"grace_period_s ({self.grace_period_s}) must be at least "
+                f"db_outage_tolerance_s + 2 x heartbeat_interval_s ({need:g}): a database "
+                "outage the controllers ride out must never make a live trial look stale"
+            )
+        return self
 
 
 class StudyConfig(_Model):
@@ -163,6 +302,7 @@ class StudyConfig(_Model):
     enqueue: list[dict[str, Any]] = Field(default_factory=list)
     strategy: StrategyConfig = StrategyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    controller: ControllerConfig = ControllerConfig()
     storage: str | None = None
     seed: int = 0
 
@@ -170,15 +310,21 @@ class StudyConfig(_Model):
     def _mode(self) -> StudyConfig:
         no_latency_slo = self.slo.p99_ttft_ms is None and self.slo.p99_tpot_ms is None
         if self.mode != "offline" and no_latency_slo:
-            raise ValueError(f"mode {self.mode!r} needs at least one latency SLO "
-                             "(slo.p99_ttft_ms or slo.p99_tpot_ms); use mode 'offline' for "
-                             "throughput only")
+            raise ValueError(
+                f"mode {self.mode!r} needs at least one latency SLO "
+                "(slo.p99_ttft_ms or slo.p99_tpot_ms); use mode 'offline' for "
+                "throughput only"
+            )
         if self.mode == "offline" and self.workload.arrival != "closed":
-            raise ValueError("mode 'offline' replays a closed loop: set workload.arrival to "
-                             "'closed' with workload.concurrency")
+            raise ValueError(
+                "mode 'offline' replays a closed loop: set workload.arrival to "
+                "'closed' with workload.concurrency"
+            )
         if self.mode == "slo-capacity" and self.workload.arrival == "closed":
-            raise ValueError("mode 'slo-capacity' scales an arrival rate; a closed-loop workload "
-                             "has none (use mode 'offline' or 'fixed-rate')")
+            raise ValueError(
+                "mode 'slo-capacity' scales an arrival rate; a closed-loop workload "
+                "has none (use mode 'offline' or 'fixed-rate')"
+            )
         return self
 
 
@@ -192,26 +338,52 @@ def _expand(value: str, where: str) -> str:
             return os.environ[var]
         if default is not None:
             return default
-        raise ConfigError(f"{where}: environment variable ${{{var}}} is not set "
-                          f"(set it or write ${{{var}:-default}})")
+        raise ConfigError(
+            f"{where}: environment variable ${{{var}}} is not set "
+            f"(set it or write ${{{var}:-default}})"
+        )
+
     return _ENV.sub(repl, value)
 
 
-def _to_python(node: yaml.Node, src: str, lines: dict[tuple[str | int, ...], int],
-               path: tuple[str | int, ...]) -> Any:
-    """Build Python values from the YAML node tree, remembering each value's line."""
+Path_ = tuple[str | int, ...]
+
+
+def _to_python(
+    node: yaml.Node,
+    src: str,
+    lines: dict[Path_, int],
+    path: Path_,
+    expanded: set[Path_] | None = None,
+) -> Any:
+    """Build Python values from the YAML node tree, remembering each value's line (and, in
+    ``expanded``, the paths of values that came from ``${VAR}``). A key given twice in one
+    mapping is an error: YAML loaders keep the last one silently."""
     lines[path] = node.start_mark.line + 1
     where = f"{src}:{node.start_mark.line + 1}"
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.tag == "tag:yaml.org,2002:merge":
+                raise ConfigError(
+                    f"{src}:{k.start_mark.line + 1}: YAML merge keys (<<) are not supported; "
+                    "write the fields out"
+                )
             key = k.value if isinstance(k, yaml.ScalarNode) else yaml.safe_load(yaml.serialize(k))
-            out[str(key)] = _to_python(v, src, lines, (*path, str(key)))
+            if str(key) in out:
+                field = ".".join(str(p) for p in (*path, str(key)))
+                raise ConfigError(
+                    f"{src}:{k.start_mark.line + 1}: {field}: given twice (first on line "
+                    f"{lines[(*path, str(key))]}); keep one"
+                )
+            out[str(key)] = _to_python(v, src, lines, (*path, str(key)), expanded)
             lines[(*path, str(key))] = k.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_to_python(v, src, lines, (*path, i)) for i, v in enumerate(node.value)]
+        return [_to_python(v, src, lines, (*path, i), expanded) for i, v in enumerate(node.value)]
     assert isinstance(node, yaml.ScalarNode)
+    if expanded is not None and "${" in node.value:
+        expanded.add(path)
     if node.tag == "tag:yaml.org,2002:str" or "${" in node.value:
         text = _expand(node.value, where) if "${" in node.value else node.value
         if node.tag != "tag:yaml.org,2002:str" or node.style is None:
@@ -221,8 +393,7 @@ def _to_python(node: yaml.Node, src: str, lines: dict[tuple[str | int, ...], int
     return yaml.safe_load(yaml.serialize(node))
 
 
-def parse_config(text: str, source: str = "<config>") -> StudyConfig:
-    """Validate a YAML document; errors name ``source``, the line and the field."""
+def _compose(text: str, source: str) -> yaml.Node:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -232,12 +403,52 @@ def parse_config(text: str, source: str = "<config>") -> StudyConfig:
         raise ConfigError(f"{source}{line}: invalid YAML ({problem})") from exc
     if node is None:
         raise ConfigError(f"{source}:1: the config is empty")
+    return node
+
+
+@dataclass(frozen=True)
+class SourceMap:
+    """Where each value of a config document is: its line, and whether it came from
+    ``${VAR}`` (a secret written that way is not stored with the study)."""
+
+    source: str
+    lines: Mapping[Path_, int]
+    expanded: frozenset[Path_]
+
+    def where(self, path: Path_) -> str:
+        """``file:line`` of the value at ``path`` (or of its nearest enclosing field)."""
+        probe = path
+        while probe and probe not in self.lines:
+            probe = probe[:-1]
+        return f"{self.source}:{self.lines.get(probe, 1)}"
+
+
+def source_map(text: str, source: str = "<config>") -> SourceMap:
+    """The :class:`SourceMap` of a document :func:`parse_config` accepted."""
+    lines: dict[Path_, int] = {}
+    expanded: set[Path_] = set()
+    _to_python(_compose(text, source), source, lines, (), expanded)
+    return SourceMap(source, lines, frozenset(expanded))
+
+
+def parse_config(text: str, source: str = "<config>") -> StudyConfig:
+    """Validate a YAML document; errors name ``source``, the line and the field."""
+    return parse_document(text, source, StudyConfig)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_document(text: str, source: str, model: type[M]) -> M:
+    """Validate a YAML document as ``model`` (a study config, a nightly config, ...); every
+    error is one line naming ``source``, the line and the field."""
+    node = _compose(text, source)
     lines: dict[tuple[str | int, ...], int] = {}
     data = _to_python(node, source, lines, ())
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: the config must be a mapping of sections")
     try:
-        return StudyConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -254,10 +465,44 @@ def parse_config(text: str, source: str = "<config>") -> StudyConfig:
         raise ConfigError(f"{source}:{lineno or 1}: {field}: {msg}{more}") from exc
 
 
-def load_config(path: str | Path) -> StudyConfig:
+def read_config_text(path: str | Path) -> str:
+    """A config file's text: UTF-8, one error line if it cannot be read or decoded."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config ({exc.strerror or exc})") from exc
-    return parse_config(text, str(p))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{p}:{line}: the config is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+            f"offset {exc.start}); save it as UTF-8"
+        ) from exc
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise ConfigError(f"{p}:{line}: the config contains a NUL byte (is it a binary file?)")
+    return text.removeprefix("\ufeff")
+
+
+def load_config(path: str | Path) -> StudyConfig:
+    return parse_config(read_config_text(path), str(Path(path)))
+
+
+def _check_http_url(url: str) -> None:
+    """An http(s) URL with a host and, if given, a numeric port; the message never echoes a
+    password."""
+    from urllib.parse import urlsplit
+
+    shown = re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a non-numeric or out-of-range port
+    except ValueError as exc:
+        raise ValueError(f"{shown!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"{shown!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:9090)"
+        )
+    del port

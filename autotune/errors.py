@@ -1,15 +1,26 @@
 """autotune's exception tree.
 
 Every error autotune raises on purpose derives from :class:`AutotuneError`, so the
-CLI catches exactly one type, prints one line and exits non-zero::
+CLI catches exactly one type, prints one line and exits with the class's ``exit_code``::
 
-    AutotuneError
-     ├── ConfigError            bad user input (file, field, line named in the message)
-     ├── ProfileError           unknown hardware/model profile or unreadable config.json
-     ├── WorkerStartupError     a worker (simulated or real vLLM) failed to start;
-     │    │                     carries ``failure_class`` (see autotune.failures)
-     │    └── SimStartupError   the simulated engine refused the engine args the way vLLM does
-     └── StorageError           database problems
+    AutotuneError                   exit 1
+     ├── ConfigError            1   bad configuration (file, field, line named in the message)
+     ├── ProfileError           1   unknown hardware/model profile or unreadable config.json
+     ├── WorkerStartupError     1   a worker (simulated or real vLLM) failed to start;
+     │    │                         carries ``failure_class`` (see autotune.failures)
+     │    └── SimStartupError   1   the simulated engine refused the engine args as vLLM does
+     ├── StorageError           1   the database answered, but the operation failed
+     ├── MissingExtraError      1   an optional feature's packages are not installed; the
+     │                              message names the extra (``pip install 'autotune[report]'``)
+     ├── NotFoundError          4   no such study, or no feasible trial to recommend
+     ├── BusyError              6   another run holds the lock: a nightly job for the same
+     │                              deployment, or another active scheduler
+     └── ServiceError           5   a service is unreachable: a server, the database, Prometheus
+          └── DatabaseLostError 5   the study database stayed unreachable past the outage
+                                    tolerance of a run (docs/faults.md#4-database-outages)
+
+Exit code 2 belongs to the argument parser's own usage errors, 3 to "a nightly job promoted
+a new config", 130 to an interrupt.
 
 Lower-layer errors (OSError, json.JSONDecodeError, pydantic.ValidationError, ...) are
 translated once, at the boundary where they happen, with ``raise ... from``.
@@ -21,8 +32,13 @@ from autotune.failures import FailureClass
 
 __all__ = [
     "AutotuneError",
+    "BusyError",
     "ConfigError",
+    "DatabaseLostError",
+    "MissingExtraError",
+    "NotFoundError",
     "ProfileError",
+    "ServiceError",
     "SimStartupError",
     "StorageError",
     "WorkerStartupError",
@@ -32,9 +48,35 @@ __all__ = [
 class AutotuneError(Exception):
     """Base of every error autotune raises on purpose."""
 
+    #: the CLI's exit status for this class (see the README's table)
+    exit_code: int = 1
+
 
 class ConfigError(AutotuneError):
-    """Bad user input: the message names the field, file and line where known."""
+    """Bad configuration: the message names the field, file and line where known."""
+
+
+class NotFoundError(AutotuneError):
+    """What was asked for does not exist: a study, or a feasible trial to recommend."""
+
+    exit_code = 4
+
+
+class BusyError(AutotuneError):
+    """Another process holds the lock this one needs: a nightly run of the same deployment,
+    or the active scheduler (docs/nightly.md#7-locks)."""
+
+    exit_code = 6
+
+
+class ServiceError(AutotuneError):
+    """A service autotune needs is unreachable: a server, the database or Prometheus."""
+
+    exit_code = 5
+
+
+class DatabaseLostError(ServiceError):
+    """The study database stayed unreachable longer than a run's outage tolerance."""
 
 
 class ProfileError(AutotuneError):
@@ -43,6 +85,16 @@ class ProfileError(AutotuneError):
 
 class StorageError(AutotuneError):
     """The study database could not be read or written."""
+
+
+class MissingExtraError(AutotuneError):
+    """A command needs an optional extra that is not installed (the message names it)."""
+
+    def __init__(self, what: str, extra: str, module: str) -> None:
+        super().__init__(
+            f"{what} needs {module}, which is not installed: pip install 'autotune[{extra}]'"
+        )
+        self.extra = extra
 
 
 class WorkerStartupError(AutotuneError):

@@ -1,8 +1,9 @@
 """The one list of worker failure classes (stored and exported as ``failure_class``).
 
-Classes and matching rules follow ``vllm.md`` §4.4 (vLLM 0.32 strings, GPU and CPU wording),
-plus three of our own for lifecycle failures: ``STARTUP_TIMEOUT``, ``PORT_IN_USE``, ``UNKNOWN``.
-Every later layer (simulated engine, log classifier, scoring, storage) uses these values.
+Classes and matching rules follow docs/vllm.md#44-failure-classes-and-matching-rules (vLLM 0.32
+strings, GPU and CPU wording), plus three of our own for lifecycle failures:
+``STARTUP_TIMEOUT``, ``PORT_IN_USE``, ``UNKNOWN``. Every later layer (simulated engine, log
+classifier, scoring, storage) uses these values.
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ _V0_KV_RE = re.compile(r"maximum number of tokens that can be stored in KV cache
 _RULES: tuple[tuple[FailureClass, tuple[str, ...]], ...] = (
     (FailureClass.FREE_MEMORY, ("on startup is less than desired", "memory utilization")),
     (FailureClass.NO_KV_MEMORY, ("No available memory for the cache blocks",)),
-    (FailureClass.KV_TOO_SMALL,
-     ("To serve at least one request with the model", "KV cache is needed")),
-    (FailureClass.KV_TOO_SMALL,
-     ("is larger than the maximum number of tokens that can be stored in KV cache",)),
+    (
+        FailureClass.KV_TOO_SMALL,
+        ("To serve at least one request with the model", "KV cache is needed"),
+    ),
+    (
+        FailureClass.KV_TOO_SMALL,
+        ("is larger than the maximum number of tokens that can be stored in KV cache",),
+    ),
     (FailureClass.MNBT_LT_MAXLEN, ("is smaller than max_model_len",)),
     (FailureClass.MNBT_LT_MNS, ("must be greater than or equal to max_num_seqs",)),
     (FailureClass.MAXLEN_GT_MODEL, ("is greater than the derived max_model_len",)),

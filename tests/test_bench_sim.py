@@ -25,8 +25,14 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 def sim_server(log: io.StringIO, time_scale: float, **args: Any) -> SimServer:
     m, hw = get_model(MODEL), get_hardware("H100-80GB")
     eng = Engine(m, hw, EngineArgs(max_model_len=4096, **args), keep_history=False)
-    return SimServer(eng, served_model_name=MODEL, model_path=MODEL, time_scale=time_scale,
-                     request_log=log, stats_interval=0)
+    return SimServer(
+        eng,
+        served_model_name=MODEL,
+        model_path=MODEL,
+        time_scale=time_scale,
+        request_log=log,
+        stats_interval=0,
+    )
 
 
 async def test_client_timings_match_the_servers_request_log() -> None:
@@ -34,8 +40,15 @@ async def test_client_timings_match_the_servers_request_log() -> None:
     scale = 5.0
     srv = sim_server(log, scale)
     async with TestServer(srv.app()) as ts:
-        wl = WorkloadConfig(source="random", num_prompts=60, input_len=256, output_len=32,
-                            arrival="poisson", rate=8.0, seed=1)
+        wl = WorkloadConfig(
+            source="random",
+            num_prompts=60,
+            input_len=256,
+            output_len=32,
+            arrival="poisson",
+            rate=8.0,
+            seed=1,
+        )
         out = await run_bench(str(ts.make_url("")), wl)
     s = out.result.summary
     assert s["completed"] == 60 and s["failed"] == 0
@@ -62,14 +75,28 @@ async def test_client_timings_match_the_servers_request_log() -> None:
 async def test_bench_reports_vllm_keys_and_goodput(tmp_path: Path) -> None:
     srv = sim_server(io.StringIO(), 4.0, max_num_seqs=4)
     async with TestServer(srv.app()) as ts:
-        wl = WorkloadConfig(source="synthetic", num_prompts=40, input_len=300, output_len=40,
-                            arrival="all-at-once")
+        wl = WorkloadConfig(
+            source="synthetic", num_prompts=40, input_len=300, output_len=40, arrival="all-at-once"
+        )
         out = await run_bench(str(ts.make_url("")), wl, goodput=parse_goodput(["ttft:300"]))
     s = out.to_json()
-    for key in ("completed", "failed", "duration", "request_throughput", "output_throughput",
-                "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "request_goodput",
-                "workload_fingerprint", "time_scale"):
+    for key in (
+        "completed",
+        "failed",
+        "duration",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "p99_tpot_ms",
+        "p99_itl_ms",
+        "p99_e2el_ms",
+        "request_goodput",
+        "workload_fingerprint",
+        "time_scale",
+    ):
         assert key in s, key
     # max_num_seqs 4 with 40 requests at once: most wait, so few meet a 300 ms TTFT
     assert 0 < s["request_goodput"] < s["request_throughput"]
@@ -87,17 +114,21 @@ def test_goodput_parsing_rejects_bad_items() -> None:
 async def test_cut_outputs_count_as_too_long_like_on_real_vllm() -> None:
     """vLLM serves a prompt below max_model_len with its output cut (200, finish_reason
     length): the client flags it, and scoring counts it with the over-length requests."""
+    from autotune.loadgen.level import LevelMetrics
     from autotune.loadgen.runner import run_load
     from autotune.tuning.scoring import Slo, score_level
     from autotune.workload.core import WorkloadRequest
 
     m, hw = get_model(MODEL), get_hardware("H100-80GB")
     eng = Engine(m, hw, EngineArgs(max_model_len=512), keep_history=False)
-    srv = SimServer(eng, served_model_name=MODEL, model_path=MODEL, time_scale=10.0,
-                    stats_interval=0)
-    reqs = [WorkloadRequest(500, 40, tuple(range(10, 510)), request_id="cut"),
-            WorkloadRequest(100, 40, tuple(range(10, 110)), request_id="ok"),
-            WorkloadRequest(600, 40, tuple(range(10, 610)), request_id="refused")]
+    srv = SimServer(
+        eng, served_model_name=MODEL, model_path=MODEL, time_scale=10.0, stats_interval=0
+    )
+    reqs = [
+        WorkloadRequest(500, 40, tuple(range(10, 510)), request_id="cut"),
+        WorkloadRequest(100, 40, tuple(range(10, 110)), request_id="ok"),
+        WorkloadRequest(600, 40, tuple(range(10, 610)), request_id="refused"),
+    ]
     async with TestServer(srv.app()) as ts:
         res = await run_load(str(ts.make_url("")), reqs, model=MODEL)
     by = {r.request_id: r for r in res.records}
@@ -106,5 +137,5 @@ async def test_cut_outputs_count_as_too_long_like_on_real_vllm() -> None:
     assert by["refused"].over_length and not by["refused"].success
     s = res.summary
     assert s["truncated_requests"] == 1 and s["over_length_rejections"] == 1
-    lv = score_level(s, Slo(p99_ttft_ms=10_000, max_overlength_rate=0.5))
+    lv = score_level(LevelMetrics.from_summary(s), Slo(p99_ttft_ms=10_000, max_overlength_rate=0.5))
     assert lv.violations["overlength_rate"] == pytest.approx(2 / 3 - 0.5)

@@ -36,9 +36,9 @@ def _restore_root_logger() -> Iterator[None]:
 
 @pytest.fixture
 def engine() -> ModuleType:
-    # `sim run` needs the simulated engine, which lands separately from the CLI.
-    pytest.importorskip("autotune.sim.lengths")
-    return pytest.importorskip("autotune.sim.engine")
+    import autotune.sim.engine
+
+    return autotune.sim.engine
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -134,8 +134,9 @@ def test_main_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2
 
 
-def test_main_keyboard_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_keyboard_interrupt_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def interrupted() -> None:
         raise KeyboardInterrupt
 
@@ -158,23 +159,42 @@ def test_main_lets_bugs_through(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sim_run_prints_startup_facts_and_table(engine: ModuleType) -> None:
-    result = runner.invoke(cli.app, ["sim", "run", LLAMA_8B, "--hardware", "H100-80GB",
-                                     *SMALL_RUN])
+    result = runner.invoke(cli.app, ["sim", "run", LLAMA_8B, "--hardware", "H100-80GB", *SMALL_RUN])
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "KV cache:" in out and "tokens" in out
     assert "Maximum concurrency for 131,072 tokens per request" in out
-    for label in ("completed requests", "request throughput", "output throughput",
-                  "mean TTFT (ms)", "p99 TTFT (ms)", "mean TPOT (ms)", "preemptions"):
+    for label in (
+        "completed requests",
+        "request throughput",
+        "output throughput",
+        "mean TTFT (ms)",
+        "p99 TTFT (ms)",
+        "mean TPOT (ms)",
+        "preemptions",
+    ):
         assert label in out
     # Box characters depend on the output encoding; the row is "label ... 50" either way.
     assert re.search(r"completed requests\W+50\b", out)
 
 
 def test_sim_run_json(engine: ModuleType) -> None:
-    result = runner.invoke(cli.app, ["sim", "run", LLAMA_8B, "--hardware", "H100-80GB",
-                                     "--max-model-len", "4096", "--rate", "20", "--json",
-                                     *SMALL_RUN])
+    result = runner.invoke(
+        cli.app,
+        [
+            "sim",
+            "run",
+            LLAMA_8B,
+            "--hardware",
+            "H100-80GB",
+            "--max-model-len",
+            "4096",
+            "--rate",
+            "20",
+            "--json",
+            *SMALL_RUN,
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["engine_args"]["max_model_len"] == 4096
@@ -186,15 +206,18 @@ def test_sim_run_json(engine: ModuleType) -> None:
     assert summary["mean_ttft_ms"] > 0
 
 
-def test_sim_run_startup_failure_prints_vllms_text(engine: ModuleType,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main(["sim", "run", LLAMA_8B, "--hardware", "H100-80GB",
-                               "--max-num-seqs", "0", *SMALL_RUN], capsys)
+def test_sim_run_startup_failure_prints_vllms_text(
+    engine: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_main(
+        ["sim", "run", LLAMA_8B, "--hardware", "H100-80GB", "--max-num-seqs", "0", *SMALL_RUN],
+        capsys,
+    )
     assert code == 1
     assert out == ""
     assert err.count("\n") == 1
     assert err.startswith("error: ")
-    # pydantic's wording, as vLLM 0.32 prints it (vllm.md §4.3)
+    # pydantic's wording, as vLLM 0.32 prints it (docs/vllm.md#43-config-validation)
     assert "max_num_seqs" in err
     assert "greater than or equal to 1" in err
 
@@ -203,8 +226,13 @@ def test_sim_run_startup_failure_prints_vllms_text(engine: ModuleType,
 
 
 def _autotune(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "autotune.cli", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_subprocess_help_listing_and_error() -> None:

@@ -1,4 +1,5 @@
-"""Step cost model (simulator.md §3): hand-computed values, shape properties, published anchors."""
+"""Step cost model (docs/simulator.md#3-step-cost-model): hand-computed values, shape
+properties, published anchors."""
 
 from __future__ import annotations
 
@@ -67,8 +68,9 @@ def test_overrides_apply_and_unknown_names_fail() -> None:
 # -- shape of the model -------------------------------------------------------------------
 @pytest.mark.parametrize(("gpu", "published"), [("A100-80GB", 145), ("H100-80GB", 270)])
 def test_knee_matches_flops_over_bandwidth(gpu: str, published: int) -> None:
-    """Compute time equals weight-read time at T ≈ F·η_f / (B·η_bw) (simulator.md §3.2); the
-    exact knee is a few % later because W also holds the LM head, which T=0 tokens skip."""
+    """Compute time equals weight-read time at T ≈ F·η_f / (B·η_bw)
+    (docs/simulator.md#32-constants-and-their-sources); the exact knee is a few % later
+    because W also holds the LM head, which T=0 tokens skip."""
     hw = get_hardware(gpu)
     c = cost(LLAMA3_8B, gpu)
     ratio = hw.peak_flops * hw.eta_f / (hw.mem_bw * hw.eta_bw)
@@ -115,7 +117,8 @@ def test_tensor_parallel_speeds_up_70b() -> None:
     assert tp1.tp_per_token == 0.0 and tp2.tp_per_token > 0.0
 
 
-# -- published anchors (simulator.md §3.3 / §7), ±15 % of the range midpoint ----------------
+# -- published anchors, ±15 % of the range midpoint ----------------------------------------
+# docs/simulator.md#33-reference-outputs-of-the-formula, docs/simulator.md#7-published-anchors
 @pytest.mark.parametrize(
     ("model", "gpu", "lo_ms", "hi_ms"),
     [
@@ -149,8 +152,14 @@ _MODELS = st.sampled_from([LLAMA3_8B, LLAMA2_7B, LLAMA3_70B, "autotune/tiny-llam
 _GPUS = st.sampled_from(["A100-80GB", "H100-80GB", "L4", "test-4GB"])
 
 
-@given(model=_MODELS, gpu=_GPUS, tp=st.sampled_from([1, 2, 4]),
-       k=st.integers(0, 300), batch=st.integers(1, 512), sum_ctx0=st.integers(0, 2_000_000))
+@given(
+    model=_MODELS,
+    gpu=_GPUS,
+    tp=st.sampled_from([1, 2, 4]),
+    k=st.integers(0, 300),
+    batch=st.integers(1, 512),
+    sum_ctx0=st.integers(0, 2_000_000),
+)
 def test_decode_run_times_equals_summed_steps(
     model: str, gpu: str, tp: int, k: int, batch: int, sum_ctx0: int
 ) -> None:

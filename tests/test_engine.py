@@ -23,15 +23,15 @@ H100 = get_hardware("H100-80GB")
 
 
 def test_single_request_timings_follow_the_cost_model() -> None:
-    res = simulate(LLAMA, H100, EngineArgs(max_model_len=4096), [SimRequest(1000, 10)],
-                   jitter_cv=0)
+    res = simulate(LLAMA, H100, EngineArgs(max_model_len=4096), [SimRequest(1000, 10)], jitter_cv=0)
     (r,) = res.requests
     assert len(r.token_times) == 10 and np.all(np.diff(r.token_times) > 0)
     assert r.scheduled == 0.0
     assert r.first_token == r.token_times[0] and r.finish == r.token_times[-1]
     eng = Engine(LLAMA, H100, EngineArgs(max_model_len=4096), jitter_cv=0)
     assert r.ttft == pytest.approx(eng.cost.prefill_time(1000))
-    # decode steps at batch 1 cost a few ms on an H100 (simulator.md anchors: 5-6.5 ms)
+    # decode steps at batch 1 cost a few ms on an H100 (5-6.5 ms in
+    # docs/simulator.md#7-published-anchors)
     assert 0.004 < r.tpot < 0.008
     assert res.summary()["completed"] == 1
 
@@ -49,10 +49,17 @@ def test_queueing_shows_in_ttft_when_max_num_seqs_binds() -> None:
 def test_max_model_len_rules_follow_real_vllm() -> None:
     """vLLM 0.32 (captured in tests/data/vllm032): a prompt reaching max_model_len is refused;
     a shorter prompt whose output would not fit is served with its output cut."""
-    res = simulate(LLAMA, H100, EngineArgs(max_model_len=1024),
-                   [SimRequest(1000, 100, request_id="cut"), SimRequest(10, 10),
-                    SimRequest(1100, 10, request_id="over"),
-                    SimRequest(1024, 10, request_id="equal")])
+    res = simulate(
+        LLAMA,
+        H100,
+        EngineArgs(max_model_len=1024),
+        [
+            SimRequest(1000, 100, request_id="cut"),
+            SimRequest(10, 10),
+            SimRequest(1100, 10, request_id="over"),
+            SimRequest(1024, 10, request_id="equal"),
+        ],
+    )
     by = {r.request_id: r for r in res.requests}
     cut = by["cut"]
     assert not cut.rejected and cut.truncated and cut.output_len == 24
@@ -60,16 +67,22 @@ def test_max_model_len_rules_follow_real_vllm() -> None:
     assert over.rejected and over.reject_reason == (
         "This model's maximum context length is 1024 tokens. However, your prompt contains "
         "1100 input tokens, which exceeds this limit even without any output tokens. Please "
-        "reduce the length of the input prompt. (parameter=input_tokens, value=1100)")
+        "reduce the length of the input prompt. (parameter=input_tokens, value=1100)"
+    )
     assert equal.rejected and equal.reject_reason == (
-        "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
+        "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+    )
     assert res.summary()["completed"] == 2 and res.summary()["rejected"] == 2
 
 
 def test_startup_failure_raises_before_any_step() -> None:
     with pytest.raises(SimStartupError) as ei:
-        simulate(LLAMA, H100, EngineArgs(max_num_seqs=512, max_num_batched_tokens=256),
-                 [SimRequest(10, 10)])
+        simulate(
+            LLAMA,
+            H100,
+            EngineArgs(max_num_seqs=512, max_num_batched_tokens=256),
+            [SimRequest(10, 10)],
+        )
     assert ei.value.failure_class is FailureClass.MNBT_LT_MNS
 
 
@@ -120,7 +133,8 @@ def test_timeline_reports_vllm_metric_quantities() -> None:
     assert np.array_equal(tl.tokens, tl.prefill_tokens + tl.decode_tokens)
     assert tl.prefill_tokens.sum() >= sum(r.prompt_len for r in res.requests)
     assert tl.decode_tokens.sum() + sum(1 for _ in res.requests) >= sum(
-        r.output_len for r in res.requests)
+        r.output_len for r in res.requests
+    )
 
 
 def test_lognormal_requests_are_seeded_with_the_asked_means() -> None:

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, ServiceError
 from autotune.loadgen import (
     ProgressSnapshot,
     RequestSpec,
@@ -221,7 +221,8 @@ async def test_mixed_run_completes_and_explains_failures(fake: Fake) -> None:
     assert s["errors_by_kind"] == {
         "connection": 1, "http_500": 1, "not_sse": 1, "over_length": 1, "stall": 1,
     }  # fmt: skip
-    assert s["over_length_rejections"] == 1 and s["error_rate"] == pytest.approx(5 / 12)
+    assert s["over_length_rejections"] == 1 and s["error_rate"] == pytest.approx(4 / 12)
+    assert s["overlength_rate"] == pytest.approx(1 / 12)  # counted once, not as an error
     assert s["total_output_tokens"] == 35 and s["total_input_tokens"] == 7 * 7
     assert TTFT <= s["mean_ttft_ms"] / 1000 < TTFT + SLACK
     assert s["mean_tpot_ms"] > 0 and "p99.9_itl_ms" in s and "p99_e2el_ms" in s
@@ -332,13 +333,14 @@ async def test_probe_server(fake: Fake) -> None:
     info = await probe_server(fake.url + "/v1/")
     assert (info.model_id, info.max_model_len, info.version) == ("tiny", 128, "0.32.0")
     assert info.time_scale == 10.0 and info.models == ("tiny",)
-    with pytest.raises(ConfigError, match=r"^cannot reach server at http://127\.0\.0\.1:9: "):
+    with pytest.raises(ServiceError, match=r"^cannot reach server at http://127\.0\.0\.1:9: "):
         await probe_server("http://127.0.0.1:9", timeout=2.0)
 
 
 def test_workload_request_satisfies_request_spec() -> None:
-    core = pytest.importorskip("autotune.workload.core")
-    req = core.WorkloadRequest(prompt_len=3, output_len=2, prompt_text="hi", request_id="x")
+    from autotune.workload.core import WorkloadRequest
+
+    req = WorkloadRequest(prompt_len=3, output_len=2, prompt_text="hi", request_id="x")
     assert isinstance(req, RequestSpec)
 
 

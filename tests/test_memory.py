@@ -1,7 +1,7 @@
 """Startup memory accounting of the simulated engine (autotune.sim.memory) against vLLM 0.32.
 
-Expected texts come from ``vllm.md`` §4 and the real vLLM 0.32 CPU captures in
-``shared/reference/vllm-0.32-cpu-captures`` (read from disk, skipped only if that folder is absent).
+Expected texts come from docs/vllm.md#4-startup-errors and the real vLLM 0.32 CPU captures in
+``tests/data/captures``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from autotune.sim.models import ModelProfile, get_model
 
 GiB = 1024**3
 MiB = 1024**2
-CAPTURES = Path(__file__).parents[2] / "shared/reference/vllm-0.32-cpu-captures"
+CAPTURES = Path(__file__).parent / "data" / "captures"
 
 L8B = get_model("meta-llama/Llama-3.1-8B-Instruct")
 L70B = get_model("meta-llama/Llama-3.1-70B-Instruct")
@@ -51,12 +51,10 @@ def startup_error(model: ModelProfile = L8B, /, **kw: object) -> SimStartupError
 
 
 def capture_lines(name: str) -> list[str]:
-    if not CAPTURES.is_dir():
-        pytest.skip(f"vLLM 0.32 captures not found at {CAPTURES} (shared/ not beside checkout)")
     return (CAPTURES / name).read_text(encoding="utf-8").splitlines()
 
 
-# -- kv_blocks_from_pieces: the issue #10517 worked example (vllm.md §2.1) ---------------------
+# -- kv_blocks_from_pieces: the issue #10517 worked example (docs/vllm.md#21-worked-examples) --
 def test_worked_example_rounded_pieces_floor_to_1951() -> None:
     # The log's pieces are printed to 2 decimals: 21.222 - 14.99 - 2.07 - 0.35 = 3.812 GiB,
     # 3.812 GiB / 2 MiB = 1951.7 -> vLLM's floor gives 1951 from these rounded numbers.
@@ -68,10 +66,22 @@ def test_worked_example_logged_1952_lies_within_rounding_band() -> None:
     # Each logged piece is exact only to +-0.005 GiB; total enters scaled by util. The logged
     # 1952 blocks must be reachable from some true values inside that band.
     slack = 0.005 * GiB
-    lo = kv_blocks_from_pieces(23.58 * GiB - slack, 0.9, 14.99 * GiB + slack,
-                               2.07 * GiB + slack, 0.35 * GiB + slack, 2 * MiB)
-    hi = kv_blocks_from_pieces(23.58 * GiB + slack, 0.9, 14.99 * GiB - slack,
-                               2.07 * GiB - slack, 0.35 * GiB - slack, 2 * MiB)
+    lo = kv_blocks_from_pieces(
+        23.58 * GiB - slack,
+        0.9,
+        14.99 * GiB + slack,
+        2.07 * GiB + slack,
+        0.35 * GiB + slack,
+        2 * MiB,
+    )
+    hi = kv_blocks_from_pieces(
+        23.58 * GiB + slack,
+        0.9,
+        14.99 * GiB - slack,
+        2.07 * GiB - slack,
+        0.35 * GiB - slack,
+        2 * MiB,
+    )
     assert lo <= 1952 <= hi
     assert lo < 1951 < hi  # the band is wide: 1951 vs 1952 is rounding, not a model error
 
@@ -87,17 +97,17 @@ def test_kv_blocks_from_pieces_is_zero_when_nothing_left() -> None:
     assert kv_blocks_from_pieces(10 * GiB, 0.5, 5 * GiB, 0, 0, 2 * MiB) == 0  # exactly 0 left
 
 
-# -- the H100 / Llama-3.1-8B V1-defaults example (vllm.md §2.1, derived, uncertain) -----------
+# -- H100 / Llama-3.1-8B V1 defaults (docs/vllm.md#21-worked-examples; derived, uncertain) ----
 def test_h100_llama8b_defaults_within_5_percent() -> None:
-    # vllm.md: 0.9 x 79.2 - 14.99 - 0.85 - 0.5 - 0.35 - 0.4 ~= 54 GiB -> ~27 600 blocks -> ~440k
-    # tokens. The reference itself is derived, so 5 % tolerance.
+    # docs/vllm.md#21-worked-examples: 0.9 x 79.2 - 14.99 - 0.85 - 0.5 - 0.35 - 0.4 ~= 54 GiB
+    # -> ~27 600 blocks -> ~440k tokens. The reference itself is derived, so 5 % tolerance.
     plan = plan_memory(L8B, H100, resolve())
     assert plan.available_kv_bytes / GiB == pytest.approx(54, rel=0.05)
     assert plan.num_blocks == pytest.approx(27_600, rel=0.05)
     assert plan.kv_tokens == pytest.approx(440_000, rel=0.05)
     assert plan.kv_tokens == plan.num_blocks * 16
     assert plan.max_concurrency == plan.num_blocks / math.ceil(131072 / 16)
-    # Pieces against vllm.md's numbers: activation 8192 x ~0.104 MiB, sampler 1024 x V x 4 B.
+    # Pieces against that example's numbers: activation 8192 x ~0.104 MiB, sampler 1024 x V x 4 B.
     assert plan.activation_bytes / GiB == pytest.approx(0.85, rel=0.02)
     assert plan.sampler_bytes == 1024 * 128256 * 4
     assert plan.non_torch_bytes / GiB == pytest.approx(0.35)
@@ -127,8 +137,11 @@ def test_success_log_lines() -> None:
 
 
 def test_chunked_prefill_line_only_when_on() -> None:
-    plan = plan_memory(L8B, H100, resolve(enable_chunked_prefill=False, max_model_len=8192,
-                                          max_num_batched_tokens=8192))
+    plan = plan_memory(
+        L8B,
+        H100,
+        resolve(enable_chunked_prefill=False, max_model_len=8192, max_num_batched_tokens=8192),
+    )
     assert not any("Chunked prefill" in line for line in plan.log_lines)
 
 
@@ -151,46 +164,88 @@ def test_cudagraph_grows_with_capture_sizes_and_stops_at_512() -> None:
 # -- startup errors: exact text, class, classify_log round trip ------------------------------
 CONFIG_CASES = [
     # (model, engine args, class, regex on the message)
-    (L2, {"max_model_len": 8192, "max_num_batched_tokens": 8192}, FailureClass.MAXLEN_GT_MODEL,
-     r"User-specified max_model_len \(8192\) is greater than the derived max_model_len "
-     r"\(max_position_embeddings=4096\.0 or model_max_length=None in model's config\.json\)\. "
-     r"To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1\. "),
-    (L8B, {"enable_chunked_prefill": False, "max_model_len": 8192, "max_num_batched_tokens": 4096},
-     FailureClass.MNBT_LT_MAXLEN,
-     r"^max_num_batched_tokens \(4096\) is smaller than max_model_len \(8192\)\. This effectively "
-     r"limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
-     r"sequences\. Please increase max_num_batched_tokens or decrease max_model_len\.$"),
-    (L8B, {"max_num_seqs": 64, "max_num_batched_tokens": 32}, FailureClass.MNBT_LT_MNS,
-     r"^max_num_batched_tokens \(32\) must be greater than or equal to max_num_seqs \(64\)\.$"),
-    (L8B, {"max_num_seqs": 0, "max_num_batched_tokens": 1024}, FailureClass.CONFIG_INVALID,
-     r"^1 validation error for SchedulerConfig\nmax_num_seqs\n  Input should be greater than or "
-     r"equal to 1 \[type=greater_than_equal, input_value=0, input_type=int\]"),
-    (L8B, {"max_num_seqs": 1, "max_num_batched_tokens": 0}, FailureClass.CONFIG_INVALID,
-     r"^1 validation error for SchedulerConfig\nmax_num_batched_tokens\n  Input should be greater "
-     r"than or equal to 1 \[type=greater_than_equal, input_value=0, input_type=int\]"),
+    (
+        L2,
+        {"max_model_len": 8192, "max_num_batched_tokens": 8192},
+        FailureClass.MAXLEN_GT_MODEL,
+        r"User-specified max_model_len \(8192\) is greater than the derived max_model_len "
+        r"\(max_position_embeddings=4096\.0 or model_max_length=None in model's config\.json\)\. "
+        r"To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1\. ",
+    ),
+    (
+        L8B,
+        {"enable_chunked_prefill": False, "max_model_len": 8192, "max_num_batched_tokens": 4096},
+        FailureClass.MNBT_LT_MAXLEN,
+        r"^max_num_batched_tokens \(4096\) is smaller than max_model_len \(8192\)\. This "
+        r"effectively "
+        r"limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject "
+        r"longer "
+        r"sequences\. Please increase max_num_batched_tokens or decrease max_model_len\.$",
+    ),
+    (
+        L8B,
+        {"max_num_seqs": 64, "max_num_batched_tokens": 32},
+        FailureClass.MNBT_LT_MNS,
+        r"^max_num_batched_tokens \(32\) must be greater than or equal to max_num_seqs \(64\)\.$",
+    ),
+    (
+        L8B,
+        {"max_num_seqs": 0, "max_num_batched_tokens": 1024},
+        FailureClass.CONFIG_INVALID,
+        r"^1 validation error for SchedulerConfig\nmax_num_seqs\n  Input should be greater than or "
+        r"equal to 1 \[type=greater_than_equal, input_value=0, input_type=int\]",
+    ),
+    (
+        L8B,
+        {"max_num_seqs": 1, "max_num_batched_tokens": 0},
+        FailureClass.CONFIG_INVALID,
+        r"^1 validation error for SchedulerConfig\nmax_num_batched_tokens\n  Input should be "
+        r"greater "
+        r"than or equal to 1 \[type=greater_than_equal, input_value=0, input_type=int\]",
+    ),
     # mns=0 with mnbt defaulted: vLLM's defaulting makes mnbt = min(0 * mml, 8192) = 0 too.
-    (L8B, {"max_num_seqs": 0}, FailureClass.CONFIG_INVALID,
-     r"^2 validation errors for SchedulerConfig\nmax_num_batched_tokens\n.*\n.*\nmax_num_seqs\n"),
-    (L8B, {"gpu_memory_utilization": 1.5}, FailureClass.CONFIG_INVALID,
-     r"^1 validation error for CacheConfig\ngpu_memory_utilization\n  Input should be less than or "
-     r"equal to 1 \[type=less_than_equal, input_value=1\.5, input_type=float\]"),
-    (L8B, {"gpu_memory_utilization": 0.0}, FailureClass.CONFIG_INVALID,
-     r"^1 validation error for CacheConfig\ngpu_memory_utilization\n  Input should be greater "
-     r"than 0 \[type=greater_than, input_value=0\.0, input_type=float\]"),
-    (L8B, {"tensor_parallel_size": 3}, FailureClass.CONFIG_INVALID,
-     r"^Total number of attention heads \(32\) must be divisible by tensor parallel size \(3\)\.$"),
+    (
+        L8B,
+        {"max_num_seqs": 0},
+        FailureClass.CONFIG_INVALID,
+        r"^2 validation errors for SchedulerConfig\nmax_num_batched_tokens\n.*\n.*\nmax_num_seqs\n",
+    ),
+    (
+        L8B,
+        {"gpu_memory_utilization": 1.5},
+        FailureClass.CONFIG_INVALID,
+        r"^1 validation error for CacheConfig\ngpu_memory_utilization\n  Input should be less "
+        r"than or "
+        r"equal to 1 \[type=less_than_equal, input_value=1\.5, input_type=float\]",
+    ),
+    (
+        L8B,
+        {"gpu_memory_utilization": 0.0},
+        FailureClass.CONFIG_INVALID,
+        r"^1 validation error for CacheConfig\ngpu_memory_utilization\n  Input should be greater "
+        r"than 0 \[type=greater_than, input_value=0\.0, input_type=float\]",
+    ),
+    (
+        L8B,
+        {"tensor_parallel_size": 3},
+        FailureClass.CONFIG_INVALID,
+        r"^Total number of attention heads \(32\) must be divisible by tensor parallel size "
+        r"\(3\)\.$",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("model", "kw", "cls", "pattern"), CONFIG_CASES)
-def test_config_errors(model: ModelProfile, kw: dict[str, object], cls: FailureClass,
-                       pattern: str) -> None:
+def test_config_errors(
+    model: ModelProfile, kw: dict[str, object], cls: FailureClass, pattern: str
+) -> None:
     err = startup_error(model, **kw)
     assert err.failure_class is cls
     assert re.search(pattern, str(err)), str(err)
     # The log looks like vLLM's: pydantic's ValidationError line, then its body.
-    assert any(line.startswith("pydantic_core._pydantic_core.ValidationError: ")
-               for line in err.log_lines)
+    assert any(
+        line.startswith("pydantic_core._pydantic_core.ValidationError: ") for line in err.log_lines
+    )
     match = classify_log(err.log_lines)
     assert match is not None and match.failure_class is cls
     with pytest.raises(SimStartupError):  # validate_config alone raises the same
@@ -199,55 +254,80 @@ def test_config_errors(model: ModelProfile, kw: dict[str, object], cls: FailureC
 
 def test_value_error_lines_have_pydantic_shape() -> None:
     err = startup_error(L8B, max_num_seqs=64, max_num_batched_tokens=32)
-    assert err.log_lines[-3] == ("pydantic_core._pydantic_core.ValidationError: 1 validation "
-                                 "error for SchedulerConfig")
-    assert re.fullmatch(r"  Value error, .+ \[type=value_error, input_value=ArgsKwargs\(\(\), "
-                        r"\{.{9}\.\.\..{24}, input_type=ArgsKwargs\]", err.log_lines[-2])
+    assert err.log_lines[-3] == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig"
+    )
+    assert re.fullmatch(
+        r"  Value error, .+ \[type=value_error, input_value=ArgsKwargs\(\(\), "
+        r"\{.{9}\.\.\..{24}, input_type=ArgsKwargs\]",
+        err.log_lines[-2],
+    )
     assert err.log_lines[-1].endswith("https://errors.pydantic.dev/2.14/v/value_error")
 
 
 def test_validation_order_follows_create_engine_config() -> None:
     # ModelConfig is built before CacheConfig, which is built before SchedulerConfig.
-    err = startup_error(L2, max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=32,
-                        gpu_memory_utilization=2.0)
+    err = startup_error(
+        L2,
+        max_model_len=8192,
+        max_num_seqs=64,
+        max_num_batched_tokens=32,
+        gpu_memory_utilization=2.0,
+    )
     assert err.failure_class is FailureClass.MAXLEN_GT_MODEL
     err = startup_error(L8B, max_num_seqs=0, gpu_memory_utilization=2.0)
     assert "for CacheConfig" in str(err)
     # Within SchedulerConfig the field bounds come first, then mnbt vs max_model_len, then mns.
-    err = startup_error(L8B, enable_chunked_prefill=False, max_model_len=8192,
-                        max_num_batched_tokens=32, max_num_seqs=64)
+    err = startup_error(
+        L8B,
+        enable_chunked_prefill=False,
+        max_model_len=8192,
+        max_num_batched_tokens=32,
+        max_num_seqs=64,
+    )
     assert err.failure_class is FailureClass.MNBT_LT_MAXLEN
     err = startup_error(L8B, max_num_seqs=64, max_num_batched_tokens=32, tensor_parallel_size=3)
     assert err.failure_class is FailureClass.MNBT_LT_MNS
 
 
-FREE_RE = (r"^Free memory on device cuda:0 \(59\.2/79\.2 GiB\) on startup is less than desired "
-           r"GPU memory utilization \(0\.9, 71\.28 GiB\)\. Decrease GPU memory utilization or "
-           r"reduce GPU memory used by other processes\.$")
-NO_KV_RE = (r"^No available memory for the cache blocks\. Try increasing `gpu_memory_utilization` "
-            r"when initializing the engine\. See https://docs\.vllm\.ai/en/latest/configuration/"
-            r"conserving_memory/ for more details\.$")
-KV_RE = (r"^To serve at least one request with the model's max seq len \(131072\), \(16\.0 GiB KV "
-         r"cache is needed, which is larger than the available KV cache memory \(0\.5 GiB\)\. "
-         r"Based on the available memory, the estimated maximum model length is 4080\. Try "
-         r"increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
-         r"the engine\. See https://docs\.vllm\.ai/en/latest/configuration/conserving_memory/ "
-         r"for more details\.$")
+FREE_RE = (
+    r"^Free memory on device cuda:0 \(59\.2/79\.2 GiB\) on startup is less than desired "
+    r"GPU memory utilization \(0\.9, 71\.28 GiB\)\. Decrease GPU memory utilization or "
+    r"reduce GPU memory used by other processes\.$"
+)
+NO_KV_RE = (
+    r"^No available memory for the cache blocks\. Try increasing `gpu_memory_utilization` "
+    r"when initializing the engine\. See https://docs\.vllm\.ai/en/latest/configuration/"
+    r"conserving_memory/ for more details\.$"
+)
+KV_RE = (
+    r"^To serve at least one request with the model's max seq len \(131072\), \(16\.0 GiB KV "
+    r"cache is needed, which is larger than the available KV cache memory \(0\.5 GiB\)\. "
+    r"Based on the available memory, the estimated maximum model length is 4080\. Try "
+    r"increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
+    r"the engine\. See https://docs\.vllm\.ai/en/latest/configuration/conserving_memory/ "
+    r"for more details\.$"
+)
 
 
-@pytest.mark.parametrize(("kw", "cls", "pattern"), [
-    ({"sim_other_tenant_bytes": 20 * GiB}, FailureClass.FREE_MEMORY, FREE_RE),
-    ({"gpu_memory_utilization": 0.2}, FailureClass.NO_KV_MEMORY, NO_KV_RE),
-    ({"kv_cache_memory_bytes": GiB // 2}, FailureClass.KV_TOO_SMALL, KV_RE),
-])
+@pytest.mark.parametrize(
+    ("kw", "cls", "pattern"),
+    [
+        ({"sim_other_tenant_bytes": 20 * GiB}, FailureClass.FREE_MEMORY, FREE_RE),
+        ({"gpu_memory_utilization": 0.2}, FailureClass.NO_KV_MEMORY, NO_KV_RE),
+        ({"kv_cache_memory_bytes": GiB // 2}, FailureClass.KV_TOO_SMALL, KV_RE),
+    ],
+)
 def test_memory_errors(kw: dict[str, object], cls: FailureClass, pattern: str) -> None:
     err = startup_error(L8B, **kw)
     assert err.failure_class is cls
     assert re.search(pattern, str(err)), str(err)
     # vLLM's shape: root cause in an EngineCore ERROR line, the API server's wrapper last.
     assert err.log_lines[-2] == f"(EngineCore pid=2) ERROR [core.py:1510] ValueError: {err}"
-    assert err.log_lines[-1] == ("RuntimeError: Engine core initialization failed. See root "
-                                 "cause above. Failed core proc(s): {'EngineCore': 1}")
+    assert err.log_lines[-1] == (
+        "RuntimeError: Engine core initialization failed. See root "
+        "cause above. Failed core proc(s): {'EngineCore': 1}"
+    )
     match = classify_log(err.log_lines)
     assert match is not None and match.failure_class is cls
     if cls is FailureClass.KV_TOO_SMALL:
@@ -256,8 +336,14 @@ def test_memory_errors(kw: dict[str, object], cls: FailureClass, pattern: str) -
 
 def test_kv_too_small_formats_gib_like_vllm() -> None:
     # vLLM 0.32 prints round(x, 2) without padding: tiny sizes read "0.0 GiB" (see capture c).
-    err = startup_error(TINY, max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=16,
-                        block_size=128, kv_cache_memory_bytes=262144)
+    err = startup_error(
+        TINY,
+        max_model_len=1024,
+        max_num_batched_tokens=1024,
+        max_num_seqs=16,
+        block_size=128,
+        kv_cache_memory_bytes=262144,
+    )
     assert "(0.0 GiB KV cache is needed" in str(err) and "memory (0.0 GiB)" in str(err)
 
 
@@ -282,8 +368,13 @@ def _value_error_text(line: str) -> str:
 
 def test_same_text_and_class_as_capture_mnbt_lt_maxlen() -> None:
     real = capture_lines("bad_a_mnbt_lt_mml.log")
-    err = startup_error(TINY, enable_chunked_prefill=False, max_model_len=1024,
-                        max_num_batched_tokens=512, max_num_seqs=16)
+    err = startup_error(
+        TINY,
+        enable_chunked_prefill=False,
+        max_model_len=1024,
+        max_num_batched_tokens=512,
+        max_num_seqs=16,
+    )
     real_value = next(line for line in real if "Value error, " in line)
     assert str(err) == _value_error_text(real_value)
     assert err.log_lines[-2] == real_value  # input_value included: same truncated ArgsKwargs
@@ -312,8 +403,14 @@ def test_same_lines_and_class_as_capture_mns_0() -> None:
 
 def test_same_class_as_capture_kv_too_small() -> None:
     real = capture_lines("bad_c_kvbytes_512tok.log")
-    err = startup_error(TINY, max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=16,
-                        block_size=128, kv_cache_memory_bytes=262144)
+    err = startup_error(
+        TINY,
+        max_model_len=1024,
+        max_num_batched_tokens=1024,
+        max_num_seqs=16,
+        block_size=128,
+        kv_cache_memory_bytes=262144,
+    )
     real_match, sim_match = classify_log(real), classify_log(err.log_lines)
     assert real_match and sim_match
     assert real_match.failure_class is sim_match.failure_class is FailureClass.KV_TOO_SMALL
@@ -338,24 +435,31 @@ def test_same_class_as_capture_no_kv_memory() -> None:
 
 # -- kv_cache_memory_bytes, TP, 70B ----------------------------------------------------------
 def test_kv_cache_memory_bytes_bypasses_utilization() -> None:
-    plans = [plan_memory(L8B, H100, resolve(gpu_memory_utilization=u,
-                                            kv_cache_memory_bytes=20 * GiB)) for u in (0.3, 0.9)]
+    plans = [
+        plan_memory(L8B, H100, resolve(gpu_memory_utilization=u, kv_cache_memory_bytes=20 * GiB))
+        for u in (0.3, 0.9)
+    ]
     for plan in plans:
         assert plan.available_kv_bytes == 20 * GiB
         assert plan.num_blocks == 20 * GiB // (2 * MiB)
         assert plan.cudagraph_bytes == 0
-        assert any("reserved 20.0 GiB memory for KV Cache as specified by kv_cache_memory_bytes"
-                   in line for line in plan.log_lines)
+        assert any(
+            "reserved 20.0 GiB memory for KV Cache as specified by kv_cache_memory_bytes" in line
+            for line in plan.log_lines
+        )
     # Without the override the two utilizations give different, profiled sizes.
-    profiled = [plan_memory(L8B, H100, resolve(gpu_memory_utilization=u, max_model_len=8192))
-                for u in (0.3, 0.9)]
+    profiled = [
+        plan_memory(L8B, H100, resolve(gpu_memory_utilization=u, max_model_len=8192))
+        for u in (0.3, 0.9)
+    ]
     assert profiled[0].num_blocks < profiled[1].num_blocks
 
 
 def test_kv_cache_memory_bytes_zero_means_unset() -> None:
     # gpu_worker: `if kv_cache_memory_bytes := ...` -> 0 is falsy and profiling runs.
     assert plan_memory(L8B, H100, resolve(kv_cache_memory_bytes=0)) == plan_memory(
-        L8B, H100, resolve())
+        L8B, H100, resolve()
+    )
 
 
 def test_tp2_halves_weights_and_kv_heads() -> None:
@@ -377,10 +481,15 @@ def test_70b_needs_more_than_one_h100() -> None:
 
 
 # -- properties ------------------------------------------------------------------------------
-@given(available=st.integers(-10, 10**7), block_bytes=st.integers(1, 10**5),
-       block_size=st.sampled_from([1, 8, 16, 32, 128]), max_len=st.integers(1, 10**5))
-def test_estimate_is_largest_fitting_length(available: int, block_bytes: int, block_size: int,
-                                            max_len: int) -> None:
+@given(
+    available=st.integers(-10, 10**7),
+    block_bytes=st.integers(1, 10**5),
+    block_size=st.sampled_from([1, 8, 16, 32, 128]),
+    max_len=st.integers(1, 10**5),
+)
+def test_estimate_is_largest_fitting_length(
+    available: int, block_bytes: int, block_size: int, max_len: int
+) -> None:
     def fits(n: int) -> bool:
         return math.ceil(n / block_size) * block_bytes <= available
 
@@ -426,8 +535,12 @@ def _blocks(args: ResolvedArgs) -> int | None:
         return None
 
 
-@given(u1=st.floats(0.05, 1.0), u2=st.floats(0.05, 1.0), mns=st.integers(1, 2048),
-       mnbt=st.integers(1, 65536))
+@given(
+    u1=st.floats(0.05, 1.0),
+    u2=st.floats(0.05, 1.0),
+    mns=st.integers(1, 2048),
+    mnbt=st.integers(1, 65536),
+)
 def test_more_utilization_never_fewer_blocks(u1: float, u2: float, mns: int, mnbt: int) -> None:
     assume(mnbt >= mns)
     lo, hi = sorted((u1, u2))
@@ -437,16 +550,31 @@ def test_more_utilization_never_fewer_blocks(u1: float, u2: float, mns: int, mnb
     assert b_lo is not None and b_hi is not None and b_lo <= b_hi
 
 
-@given(mns=st.integers(1, 2048), mns_up=st.integers(0, 2048), mnbt=st.integers(1, 65536),
-       mnbt_up=st.integers(0, 65536), util=st.floats(0.3, 1.0))
-def test_more_seqs_or_tokens_never_more_blocks(mns: int, mns_up: int, mnbt: int, mnbt_up: int,
-                                               util: float) -> None:
+@given(
+    mns=st.integers(1, 2048),
+    mns_up=st.integers(0, 2048),
+    mnbt=st.integers(1, 65536),
+    mnbt_up=st.integers(0, 65536),
+    util=st.floats(0.3, 1.0),
+)
+def test_more_seqs_or_tokens_never_more_blocks(
+    mns: int, mns_up: int, mnbt: int, mnbt_up: int, util: float
+) -> None:
     def blocks(s: int, t: int) -> int | None:
-        return _blocks(resolve(gpu_memory_utilization=util, max_model_len=4096, max_num_seqs=s,
-                               max_num_batched_tokens=t))
+        return _blocks(
+            resolve(
+                gpu_memory_utilization=util,
+                max_model_len=4096,
+                max_num_seqs=s,
+                max_num_batched_tokens=t,
+            )
+        )
 
-    base, more_seqs, more_tokens = (blocks(mns, mnbt), blocks(mns + mns_up, mnbt),
-                                    blocks(mns, mnbt + mnbt_up))
+    base, more_seqs, more_tokens = (
+        blocks(mns, mnbt),
+        blocks(mns + mns_up, mnbt),
+        blocks(mns, mnbt + mnbt_up),
+    )
     assume(base is not None)
     assert base is not None
     if more_seqs is not None:

@@ -89,9 +89,18 @@ def test_sim_startup_error_is_a_worker_startup_error() -> None:
 
 def test_failure_classes_are_exactly_the_twelve() -> None:
     assert [c.value for c in FailureClass] == [
-        "FREE_MEMORY", "NO_KV_MEMORY", "KV_TOO_SMALL", "MNBT_LT_MAXLEN", "MNBT_LT_MNS",
-        "MAXLEN_GT_MODEL", "CONFIG_INVALID", "RUNTIME_OOM", "ENGINE_DEAD", "STARTUP_TIMEOUT",
-        "PORT_IN_USE", "UNKNOWN",
+        "FREE_MEMORY",
+        "NO_KV_MEMORY",
+        "KV_TOO_SMALL",
+        "MNBT_LT_MAXLEN",
+        "MNBT_LT_MNS",
+        "MAXLEN_GT_MODEL",
+        "CONFIG_INVALID",
+        "RUNTIME_OOM",
+        "ENGINE_DEAD",
+        "STARTUP_TIMEOUT",
+        "PORT_IN_USE",
+        "UNKNOWN",
     ]
     assert all(c.name == c.value for c in FailureClass)
 

@@ -1,4 +1,5 @@
-"""Hardware and model profiles, vLLM's batch defaults and EngineArgs.resolve (vllm.md §1.1)."""
+"""Hardware and model profiles, vLLM's batch defaults and EngineArgs.resolve
+(docs/vllm.md#11-batch-defaults-per-gpu-class)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def test_get_hardware_unknown_lists_known_names() -> None:
         assert h.name in str(info.value)
 
 
-# -- EngineArgs.resolve (vllm.md §1.1) ----------------------------------------------------
+# -- EngineArgs.resolve (docs/vllm.md#11-batch-defaults-per-gpu-class) ---------------------
 
 H100 = get_hardware("H100-80GB")
 A100 = get_hardware("A100-80GB")
@@ -153,8 +154,12 @@ def test_resolve_caps_defaulted_mns_at_mnbt() -> None:
 def test_resolve_leaves_user_values_alone_even_invalid_ones() -> None:
     # Validation (and vLLM's error text) happens later, in autotune.sim.memory.
     m = get_model(LLAMA_8B)
-    r = EngineArgs(max_model_len=8192, max_num_seqs=2048, max_num_batched_tokens=100,
-                   enable_chunked_prefill=False).resolve(m, H100)
+    r = EngineArgs(
+        max_model_len=8192,
+        max_num_seqs=2048,
+        max_num_batched_tokens=100,
+        enable_chunked_prefill=False,
+    ).resolve(m, H100)
     assert (r.max_model_len, r.max_num_seqs, r.max_num_batched_tokens) == (8192, 2048, 100)
     r = EngineArgs(max_num_seqs=0).resolve(m, H100)
     assert r.max_num_seqs == 0
@@ -167,11 +172,16 @@ def test_resolve_leaves_user_values_alone_even_invalid_ones() -> None:
     chunked=st.booleans(),
     hw=st.sampled_from(builtin_hardware()),
 )
-def test_resolve_rules_hold(mml: int | None, mns: int | None, mnbt: int | None,
-                            chunked: bool, hw: Any) -> None:
+def test_resolve_rules_hold(
+    mml: int | None, mns: int | None, mnbt: int | None, chunked: bool, hw: Any
+) -> None:
     m = get_model(LLAMA_8B)
-    r = EngineArgs(max_model_len=mml, max_num_seqs=mns, max_num_batched_tokens=mnbt,
-                   enable_chunked_prefill=chunked).resolve(m, hw)
+    r = EngineArgs(
+        max_model_len=mml,
+        max_num_seqs=mns,
+        max_num_batched_tokens=mnbt,
+        enable_chunked_prefill=chunked,
+    ).resolve(m, hw)
     d_mns, d_mnbt = hw.vllm_server_defaults()
     assert r.max_model_len == (mml if mml is not None else m.max_position_embeddings)
     if mns is not None:
@@ -241,8 +251,9 @@ def test_load_config_not_an_object(tmp_path: Path) -> None:
         load_model_config(path)
 
 
-@pytest.mark.parametrize("field", ["num_hidden_layers", "hidden_size", "vocab_size",
-                                   "max_position_embeddings"])
+@pytest.mark.parametrize(
+    "field", ["num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"]
+)
 def test_load_config_missing_field_is_named(tmp_path: Path, field: str) -> None:
     path = _write(tmp_path / "m", {k: v for k, v in LLAMA_CONFIG.items() if k != field})
     with pytest.raises(ProfileError, match=f"'{field}'") as info:

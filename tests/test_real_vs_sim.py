@@ -63,8 +63,12 @@ def sim_engine(entry: dict[str, Any]) -> Engine:
 
 def sim_server() -> SimServer:
     served = meta()["model"]["tiny-llama"]["served_model_name"]
-    return SimServer(sim_engine(meta()["server"]["shared"]), served_model_name=served,
-                     model_path=MODEL, stats_interval=0)
+    return SimServer(
+        sim_engine(meta()["server"]["shared"]),
+        served_model_name=served,
+        model_path=MODEL,
+        stats_interval=0,
+    )
 
 
 def families(text: str) -> dict[str, Metric]:
@@ -73,8 +77,9 @@ def families(text: str) -> dict[str, Metric]:
 
 def shape(fam: Metric) -> set[tuple[str, tuple[str, ...]]]:
     """Sample names (suffixes) with their label names, bucket bounds aside."""
-    return {(s.name.removeprefix(fam.name), tuple(sorted(set(s.labels) - {"le"})))
-            for s in fam.samples}
+    return {
+        (s.name.removeprefix(fam.name), tuple(sorted(set(s.labels) - {"le"}))) for s in fam.samples
+    }
 
 
 def buckets(fam: Metric) -> list[float]:
@@ -90,12 +95,14 @@ def sim_failure(entry: dict[str, Any]) -> SimStartupError:
 
 # -- /metrics ---------------------------------------------------------------------------
 
+
 def test_model_profile_is_the_real_test_model() -> None:
     m = get_model(MODEL)
     model = meta()["model"]["tiny-llama"]
     assert m.max_position_embeddings == model["max_position_embeddings"]
     assert m.page_bytes_per_layer(CPU_BLOCK_SIZE) * m.num_layers == (
-        model["kv_bytes_per_token"] * CPU_BLOCK_SIZE)
+        model["kv_bytes_per_token"] * CPU_BLOCK_SIZE
+    )
 
 
 def test_sim_exposes_every_real_vllm_family_with_its_type_labels_and_buckets() -> None:
@@ -116,8 +123,15 @@ def test_sim_cache_config_info_matches_real() -> None:
     sim = parse_cache_config_info(sim_server().metrics.render().decode())
     assert real is not None and sim is not None
     assert set(sim) == set(real)
-    for key in ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "kv_cache_memory_bytes",
-                "kv_cache_max_concurrency", "gpu_memory_utilization", "enable_prefix_caching"):
+    for key in (
+        "num_gpu_blocks",
+        "block_size",
+        "kv_cache_size_tokens",
+        "kv_cache_memory_bytes",
+        "kv_cache_max_concurrency",
+        "gpu_memory_utilization",
+        "enable_prefix_caching",
+    ):
         assert sim[key] == real[key], key
     server = meta()["server"]["shared"]
     assert int(real["num_gpu_blocks"]) == server["num_gpu_blocks"]
@@ -164,11 +178,13 @@ def test_config_error_text_matches(name: str) -> None:
 
 
 def _kv_numbers(line: str) -> dict[str, Any]:
-    m = re.search(r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger "
-                  r"than the available KV cache memory \(([\d.]+) GiB\)", line)
+    m = re.search(
+        r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger "
+        r"than the available KV cache memory \(([\d.]+) GiB\)",
+        line,
+    )
     assert m is not None, line
-    return {"max_model_len": int(m.group(1)), "needed_gib": m.group(2),
-            "available_gib": m.group(3)}
+    return {"max_model_len": int(m.group(1)), "needed_gib": m.group(2), "available_gib": m.group(3)}
 
 
 def test_kv_too_small_numbers_match() -> None:
@@ -178,8 +194,9 @@ def test_kv_too_small_numbers_match() -> None:
     assert _kv_numbers(real.line) == _kv_numbers(sim.line)
     # the CPU backend adds "(which also controls CPU memory on the CPU backend)"
     cpu_aside = " (which also controls CPU memory on the CPU backend)"
-    assert _NUMBER.sub("N", real.line.split("ValueError: ")[1].replace(cpu_aside, "")) == \
-        _NUMBER.sub("N", sim.line.split("ValueError: ")[1])
+    assert _NUMBER.sub(
+        "N", real.line.split("ValueError: ")[1].replace(cpu_aside, "")
+    ) == _NUMBER.sub("N", sim.line.split("ValueError: ")[1])
 
 
 def test_kv_too_small_estimate_matches() -> None:
@@ -202,8 +219,13 @@ def test_kv_for_exactly_one_request_fails_like_vllm() -> None:
 
 # -- requests around max_model_len ------------------------------------------------------
 
-LENGTH_CASES = ("text_prompt_over", "token_prompt_over", "token_prompt_equal",
-                "token_prompt_plus_output_over", "chat_over")
+LENGTH_CASES = (
+    "text_prompt_over",
+    "token_prompt_over",
+    "token_prompt_equal",
+    "token_prompt_plus_output_over",
+    "chat_over",
+)
 
 
 @cache
@@ -280,10 +302,12 @@ async def test_400_message_and_param_match(sim_client: TestClient[Any, Any], nam
 
 # -- our load generator on vLLM's real 400 bodies ---------------------------------------
 
+
 @pytest.fixture
 async def replay() -> AsyncIterator[TestServer]:
     """Answers every POST with the captured real answer of the case named by the request id
     (our client sends the spec's ``request_id`` as ``X-Request-Id``)."""
+
     async def answer(request: web.Request) -> web.Response:
         case = real_cases()[request.headers["X-Request-Id"]]
         return web.json_response(case["body"], status=case["status"])
@@ -299,19 +323,26 @@ async def replay() -> AsyncIterator[TestServer]:
         await server.close()
 
 
-@pytest.mark.parametrize("name", [n for n in LENGTH_CASES
-                                  if n != "token_prompt_plus_output_over"])
-async def test_loadgen_records_real_rejections_as_over_length(replay: TestServer,
-                                                              name: str) -> None:
+@pytest.mark.parametrize("name", [n for n in LENGTH_CASES if n != "token_prompt_plus_output_over"])
+async def test_loadgen_records_real_rejections_as_over_length(
+    replay: TestServer, name: str
+) -> None:
     case = real_cases()[name]
     n = case["prompt_token_ids"] or 1300
     spec = WorkloadRequest(n, 16, prompt_text=" that" * n, request_id=name)
     endpoint: Literal["completions", "chat"] = (
-        "chat" if case["path"].endswith("/chat/completions") else "completions")
+        "chat" if case["path"].endswith("/chat/completions") else "completions"
+    )
     async with make_session() as http:
-        rec = await send_request(http, str(replay.make_url("")).rstrip("/"), spec,
-                                 model="m", endpoint=endpoint, extra_body=None,
-                                 stall_timeout=10, timeout=10)
+        rec = await send_request(
+            http,
+            str(replay.make_url("")).rstrip("/"),
+            spec,
+            model="m",
+            endpoint=endpoint,
+            extra_body=None,
+            stall_timeout=10,
+            timeout=10,
+        )
     assert rec.http_status == 400 and not rec.success
     assert rec.over_length, rec.error
-

@@ -1,224 +1,177 @@
-"""V1 scheduler: invariants (hypothesis), fast path == plain V1 loop, hand-traced cases."""
+"""``autotune scheduler`` with an injected clock (docs/nightly.md#8-the-scheduler): restarted
+between ticks it keeps its schedules and never runs a fire time twice; a scheduler that was
+down over several fire times runs one catch-up run; exactly one scheduler is active."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+import pytest
+from nightly_helpers import write_config
 
-from autotune.sim.args import EngineArgs, ResolvedArgs
-from autotune.sim.hardware import get_hardware
-from autotune.sim.kvcache import block_hashes
-from autotune.sim.models import get_model
-from autotune.sim.request import FINISHED, Req
-from autotune.sim.scheduler import Scheduler
-
-MODEL = get_model("meta-llama/Llama-3.1-8B-Instruct")
-HW = get_hardware("H100-80GB")
-
-
-def resolved(**kw: object) -> ResolvedArgs:
-    return EngineArgs(**kw).resolve(MODEL, HW)  # type: ignore[arg-type]
-
-
-@dataclass
-class Trace:
-    reqs: list[Req]
-    steps: list[tuple[int, ...]]
-
-
-def run(args: ResolvedArgs, specs: list[tuple[int, int, int, int]], num_blocks: int,
-        exact: bool, check: bool = True) -> Trace:
-    """Drive the scheduler with arrivals in step units; spec = (prompt, output, arrival, prefix
-    group or -1). Checks the invariants after every step."""
-    sch = Scheduler(args, num_blocks, exact=exact)
-    reqs = []
-    for i, (p, o, a, g) in enumerate(specs):
-        ids = [g] * min(p, 48) + [1000 + i] * max(0, p - 48) if g >= 0 else None
-        hashes = block_hashes(ids, args.block_size) if ids and args.enable_prefix_caching else []
-        reqs.append(Req(i, p, o, float(a), hashes))
-    pending = sorted(reqs, key=lambda r: r.arrival)
-    steps: list[tuple[int, ...]] = []
-    s = k = 0
-    while k < len(pending) or sch.has_work:
-        while k < len(pending) and pending[k].arrival <= s:
-            sch.add(pending[k])
-            k += 1
-        if sch.has_work:
-            stt = sch.schedule(s)
-            if check:
-                assert 0 < stt.num_tokens <= args.max_num_batched_tokens
-                assert len(sch.running) <= args.max_num_seqs
-                assert 0 <= sch.kv.num_free <= num_blocks
-                # Block conservation: distinct blocks held + free blocks == all blocks.
-                anon = 0
-                shared: set[int] = set()
-                for r in sch.running:
-                    if r.dec:
-                        c = r.c0 + s - r.s0
-                        held = -(-c // args.block_size) + (c % args.block_size == 0)
-                        anon += held - len(r.hashed)
-                    else:
-                        anon += r.anon
-                    shared.update(id(b) for b in r.hashed)
-                assert anon + len(shared) + sch.kv.num_free == num_blocks
-            sch.complete(s)
-            steps.append((stt.num_tokens, stt.num_sampled, stt.sum_decode_ctx,
-                           round(stt.prefill_work, 6), stt.num_scheduled, stt.preempted))
-        s += 1
-    return Trace(reqs, steps)
-
-
-def outcome(t: Trace) -> list[tuple[object, ...]]:
-    return [(r.segs, r.t_sched, r.t_first, r.t_finish, r.preemptions, r.output) for r in t.reqs]
-
-
-specs_st = st.lists(
-    st.tuples(st.integers(1, 200), st.integers(1, 100), st.integers(0, 30),
-              st.sampled_from([-1, -1, 0, 1])),
-    min_size=1, max_size=30,
+from autotune import cli
+from autotune.errors import BusyError, ConfigError
+from autotune.nightly.records import (
+    DecisionRecord,
+    ScheduleRecord,
+    add_decision,
+    add_schedule,
+    get_schedule,
+    schedules,
 )
+from autotune.nightly.scheduler import Scheduler, check_cron, due_fire
+from autotune.store import Store
+
+T0 = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 
 
-@st.composite
-def configs(draw: st.DrawFn) -> tuple[ResolvedArgs, int]:
-    mml = 320
-    bs = draw(st.sampled_from([4, 16]))
-    mns = draw(st.sampled_from([1, 2, 4, 8, 64]))
-    mnbt = draw(st.sampled_from([64, 128, 512, 2048]).filter(lambda x: x >= mns))
-    chunked = draw(st.booleans()) or mnbt >= mml
-    if not chunked and mnbt < mml:
-        mnbt = 512
-    args = resolved(max_model_len=mml, max_num_seqs=mns, max_num_batched_tokens=mnbt,
-                    block_size=bs, enable_chunked_prefill=chunked,
-                    long_prefill_token_threshold=draw(st.sampled_from([0, 0, 32])),
-                    enable_prefix_caching=draw(st.booleans()))
-    min_blocks = -(-mml // bs)
-    blocks = max(min_blocks, draw(st.sampled_from([0, 30, 100, 1000])))
-    return args, blocks
+class FakeClock:
+    def __init__(self, t: datetime) -> None:
+        self.t = t
+
+    def __call__(self) -> datetime:
+        return self.t
 
 
-@settings(max_examples=150)
-@given(configs(), specs_st)
-def test_fast_path_equals_plain_v1_loop(cfg: tuple[ResolvedArgs, int],
-                                        specs: list[tuple[int, int, int, int]]) -> None:
-    args, blocks = cfg
-    specs = [(p, o, a, g) for p, o, a, g in specs if p + o <= args.max_model_len]
-    if not specs:
-        return
-    exact = run(args, specs, blocks, exact=True)
-    fast = run(args, specs, blocks, exact=False)
-    event(f"preemptions: {min(sum(r.preemptions for r in exact.reqs), 3)}")
-    event(f"prefix hits: {bool(any(r.hashes for r in exact.reqs))}")
-    assert outcome(fast) == outcome(exact)
-    assert fast.steps == exact.steps
+def make(url: str, clock: FakeClock, ran: list[tuple[str, datetime]]) -> tuple[Store, Scheduler]:
+    store = Store.open(url)
+
+    def run(s: ScheduleRecord) -> int:
+        ran.append((s.name, clock()))
+        return 3
+
+    return store, Scheduler(store, clock=clock, run=run)
 
 
-@settings(max_examples=100)
-@given(configs(), specs_st)
-def test_every_request_finishes_with_its_output_length(
-        cfg: tuple[ResolvedArgs, int], specs: list[tuple[int, int, int, int]]) -> None:
-    args, blocks = cfg
-    specs = [(p, o, a, g) for p, o, a, g in specs if p + o <= args.max_model_len]
-    t = run(args, specs, blocks, exact=False)
-    for r, (_, o, a, _) in zip(t.reqs, specs, strict=True):
-        assert r.status == FINISHED and r.output == o
-        emitted = sum(r.segs[i + 1] - r.segs[i] for i in range(0, len(r.segs), 2))
-        assert emitted == o  # exactly one token per sampling step, no more, no less
-        assert a <= r.t_sched <= r.t_first <= r.t_finish
-    total_sampled = sum(x[1] for x in t.steps)
-    assert total_sampled == sum(o for _, o, _, _ in specs)
+def test_restart_between_ticks_never_double_runs(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with Store.open(url) as store:
+        add_schedule(store, ScheduleRecord("nightly", "0 2 * * *", "/x/n.yaml", T0))
+        add_schedule(store, ScheduleRecord("paris", "0 2 * * *", "/x/p.yaml", T0, "Europe/Paris"))
+    clock, ran = FakeClock(T0 + timedelta(hours=1)), []  # 01:00 UTC = 02:00 Paris
+    store, s = make(url, clock, ran)
+    assert [f.name for f in s.tick()] == ["paris"]
+    clock.t = T0 + timedelta(hours=1, minutes=30)
+    assert s.tick() == []
+    store.close()
+    # restart at 02:00:30 UTC: the UTC schedule is due once, Paris already ran
+    clock.t = T0 + timedelta(hours=2, seconds=30)
+    store, s = make(url, clock, ran)
+    assert [(f.name, f.fire_at) for f in s.tick()] == [("nightly", T0 + timedelta(hours=2))]
+    store.close()
+    for minutes in (1, 5, 59):  # restarted again and again later that night: nothing
+        clock.t = T0 + timedelta(hours=2, minutes=minutes)
+        store, s = make(url, clock, ran)
+        assert s.tick() == []
+        store.close()
+    assert [n for n, _ in ran] == ["paris", "nightly"]
+    with Store.open(url) as store:
+        rec = get_schedule(store, "nightly")
+        assert rec is not None and rec.last_fire_at == T0 + timedelta(hours=2)
+        assert rec.last_exit_code == 3 and len(schedules(store)) == 2
 
 
-# -- hand-traced cases ----------------------------------------------------------------
+def test_misfires_get_one_catch_up_run_not_a_burst(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with Store.open(url) as store:
+        add_schedule(store, ScheduleRecord("nightly", "0 2 * * *", "/x/n.yaml", T0))
+    clock, ran = FakeClock(T0 + timedelta(days=4, hours=3)), []  # down over 4 fire times
+    store, s = make(url, clock, ran)
+    fired = s.tick()
+    assert [f.fire_at for f in fired] == [T0 + timedelta(days=4, hours=2)]
+    assert s.tick() == [] and len(ran) == 1
+    # the next night fires normally
+    clock.t = T0 + timedelta(days=5, hours=2, minutes=1)
+    assert len(s.tick()) == 1 and s.seconds_to_next() == 60.0
+    store.close()
 
 
-def test_chunked_prefill_splits_a_long_prompt_and_samples_only_at_the_end() -> None:
-    args = resolved(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=8, block_size=4)
-    t = run(args, [(20, 3, 0, -1)], num_blocks=32, exact=False)
-    (r,) = t.reqs
-    # 8 + 8 + 4 prompt tokens, the first token when the prompt completes (step 2), then decodes
-    assert [s[0] for s in t.steps] == [8, 8, 4, 1, 1]
-    assert [s[1] for s in t.steps] == [0, 0, 1, 1, 1]
-    # prefill attention work t*(p + t/2) per chunk
-    assert [s[3] for s in t.steps[:3]] == [8 * 4, 8 * (8 + 4), 4 * (16 + 2)]
-    assert (r.t_first, r.t_finish, r.segs) == (2, 4, [2, 5])
+def test_a_new_schedule_does_not_fire_for_the_past() -> None:
+    rec = ScheduleRecord("n", "0 2 * * *", "/x", T0 + timedelta(hours=3))
+    assert due_fire(rec, T0 + timedelta(hours=4)) is None
+    assert due_fire(rec, T0 + timedelta(days=1, hours=2)) == T0 + timedelta(days=1, hours=2)
+    with pytest.raises(ConfigError):
+        check_cron("every night")
 
 
-def test_chunked_prefill_off_admits_only_whole_prompts() -> None:
-    args = resolved(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, block_size=4,
-                    enable_chunked_prefill=False)
-    t = run(args, [(40, 2, 0, -1), (30, 2, 0, -1)], num_blocks=64, exact=False)
-    a, b = t.reqs
-    # 40 + 30 > 64: the second prompt does not fit the rest of the budget and waits a step
-    assert t.steps[0][0] == 40 and a.t_first == 0
-    assert b.t_sched == 1 and b.t_first == 1
+def test_exactly_one_scheduler_is_active(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    clock, ran = FakeClock(T0), []
+    store_a, a = make(url, clock, ran)
+    store_b, b = make(url, clock, ran)
+    tried: list[bool] = []
+
+    def second(_seconds: float) -> None:
+        with pytest.raises(BusyError, match="another autotune scheduler is active"):
+            b.serve(once=True)
+        tried.append(True)
+        a.stop()
+
+    a.sleep = second
+    a.serve()  # b tries while a holds the lock (a's first sleep)
+    assert tried == [True]
+    b.serve(once=True)  # a let go: b may run now
+    store_a.close()
+    store_b.close()
 
 
-def test_preemption_takes_the_last_running_request_and_recomputes_it() -> None:
-    # 4 blocks of 4 tokens; two requests of 4 + 8 tokens each need 3 blocks at the end.
-    args = resolved(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=64, block_size=4)
-    t = run(args, [(4, 8, 0, -1), (4, 8, 0, -1)], num_blocks=4, exact=False)
-    a, b = t.reqs
-    # A block is needed when a request's computed tokens sit on a block boundary: steps 1
-    # (4 computed) and 5 (8 computed). At step 5 no block is free: A (first in the list)
-    # preempts B (the last), and nothing is admitted in a preempting step.
-    assert [s[5] for s in t.steps] == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
-    assert (a.preemptions, a.segs, a.t_finish) == (0, [0, 8], 7)
-    # B had 5 tokens out; it waits until A frees its blocks, then recomputes prompt + outputs
-    # (9 tokens, 3 blocks) in one chunk and samples its 6th token
-    assert b.preemptions == 1 and b.t_sched == 0
-    assert t.steps[6][:2] == (1, 1) and t.steps[8][:2] == (9, 1)
-    assert b.segs == [0, 5, 8, 11] and b.output == 8
+def test_schedule_cli_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    cfg = write_config(tmp_path)
+
+    def run(args: list[str]) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as info:
+            cli.main([*args, "--storage", url])
+        out, err = capsys.readouterr()
+        return int(info.value.code or 0), out, err
+
+    code, out, _ = run(["schedule", "add", "chat", "--cron", "0 2 * * *", "--config", str(cfg)])
+    assert code == 0 and "next " in out
+    code, _, err = run(["schedule", "add", "bad", "--cron", "nope", "--config", str(cfg)])
+    assert code == 1 and err.startswith("error: --cron: 'nope' is not a cron expression")
+    code, out, _ = run(["schedule", "list"])
+    assert code == 0 and "chat  0 2 * * * (UTC)" in out and "never run" in out
+    code, out, _ = run(["schedule", "remove", "chat"])
+    assert code == 0
+    code, _, err = run(["schedule", "remove", "chat"])
+    assert code == 4 and "no schedule named 'chat'" in err
 
 
-def test_prefix_hit_skips_cached_blocks() -> None:
-    args = resolved(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, block_size=4)
-    sch_trace = run(args, [(12, 2, 0, 0), (12, 2, 5, 0)], num_blocks=16, exact=False)
-    b = sch_trace.reqs[1]
-    assert sch_trace.steps[0][0] == 12  # A computes its whole prompt
-    # B has the same 12-token prompt: at most (12 - 1) // 4 = 2 blocks may hit (vLLM always
-    # recomputes the last token), so it computes only 4 tokens on a prefix of 8
-    assert sch_trace.steps[2][0] == 4
-    assert sch_trace.steps[2][3] == 4 * (8 + 4 / 2)
-    assert b.t_first == 5
-
-
-def test_prefix_hits_are_counted_in_tokens() -> None:
-    args = resolved(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, block_size=4)
-    sch = Scheduler(args, 16)
-    ids = list(range(12))
-    a = Req(0, 12, 2, 0.0, block_hashes(ids, 4))
-    sch.add(a)
-    for s in range(2):
-        sch.schedule(s)
-        sch.complete(s)
-    b = Req(1, 12, 2, 0.0, block_hashes(ids, 4))
-    sch.add(b)
-    sch.schedule(2)
-    assert (sch.prefix_queries, sch.prefix_hits) == (24, 8)
-    # without prefix caching nothing is looked up
-    off = Scheduler(resolved(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
-                             block_size=4, enable_prefix_caching=False), 16)
-    off.add(Req(0, 12, 2, 0.0, block_hashes(ids, 4)))
-    off.schedule(0)
-    assert (off.prefix_queries, off.prefix_hits) == (0, 0)
-
-
-def test_max_num_seqs_caps_running_and_the_rest_wait() -> None:
-    args = resolved(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=64, block_size=4)
-    sch = Scheduler(args, 64)
-    for i in range(5):
-        sch.add(Req(i, 4, 10, 0.0, []))
-    sch.schedule(0)
-    assert len(sch.running) == 2 and len(sch.waiting) == 3
-
-
-def test_long_prefill_token_threshold_clamps_chunks() -> None:
-    args = resolved(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, block_size=4,
-                    long_prefill_token_threshold=16)
-    t = run(args, [(40, 1, 0, -1), (8, 1, 0, -1)], num_blocks=64, exact=False)
-    # both prompts are chunked at 16 tokens per step; the short one fits in one chunk
-    assert t.steps[0][0] == 16 + 8
-    assert [s[0] for s in t.steps] == [24, 16, 8]
+def test_the_default_runner_runs_autotune_nightly_in_a_child(tmp_path: Path) -> None:
+    """The child gets the database from its environment: today's decision (seeded) is
+    re-emitted, with its exit status recorded and the output file written."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    cfg = write_config(tmp_path)
+    now = datetime.now(UTC)
+    to_midnight = (24 * 3600) - (now.hour * 3600 + now.minute * 60 + now.second)
+    if to_midnight < 60:  # the child must see the same UTC date
+        time.sleep(to_midnight + 1)
+        now = datetime.now(UTC)
+    args = {
+        "max_model_len": 4096,
+        "gpu_memory_utilization": 0.9,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 2048,
+    }
+    with Store.open(url) as store:
+        add_decision(
+            store,
+            DecisionRecord(
+                "chat",
+                now,
+                "promote",
+                "seeded",
+                args,
+                args,
+                3,
+                study_name=f"chat-{now:%Y%m%d}",
+                command="vllm serve m",
+            ),
+        )
+        add_schedule(store, ScheduleRecord("n", "* * * * *", str(cfg), now - timedelta(hours=1)))
+        fired = Scheduler(store).tick()  # the default runner: a child process
+    assert [(f.name, f.exit_code) for f in fired] == [("n", 3)]
+    written = (tmp_path / "out" / "chat.yaml").read_text(encoding="utf-8")
+    assert "decision: promote" in written and "max_model_len: 4096" in written

@@ -14,7 +14,7 @@ from autotune.sim.metrics import (
     build_1_2_5_buckets,
 )
 
-CAPTURES = Path(__file__).parents[2] / "shared/reference/vllm-0.32-cpu-captures"
+CAPTURES = Path(__file__).parent / "data" / "captures"
 MODEL = "/models/tiny-llama"  # the captured server's model name and max_model_len
 MAX_MODEL_LEN = 1024
 
@@ -23,22 +23,24 @@ Key = tuple[str, frozenset[tuple[str, str]]]
 
 def capture(name: str) -> str:
     path = CAPTURES / name
-    if not path.exists():
-        pytest.skip(f"vLLM 0.32 captures not found at {CAPTURES} (shared/ not beside checkout)")
     return path.read_text()
 
 
 def families(text: str) -> dict[str, str]:
     """``vllm:`` family name -> type, as a scraper parses it (`_created` families included)."""
-    return {f.name: f.type for f in text_string_to_metric_families(text)
-            if f.name.startswith("vllm:")}
+    return {
+        f.name: f.type for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")
+    }
 
 
 def samples(text: str) -> dict[Key, float]:
     """(sample name, labels) -> value for every ``vllm:`` sample."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")
-            for s in f.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        if f.name.startswith("vllm:")
+        for s in f.samples
+    }
 
 
 def vllm_lines(text: str) -> list[str]:
@@ -56,8 +58,13 @@ def value(m: VllmMetrics, name: str, **labels: str) -> float:
 
 
 def buckets(text: str, family: str) -> list[str]:
-    return [s.labels["le"] for f in text_string_to_metric_families(text) if f.name == family
-            for s in f.samples if s.name == family + "_bucket"]
+    return [
+        s.labels["le"]
+        for f in text_string_to_metric_families(text)
+        if f.name == family
+        for s in f.samples
+        if s.name == family + "_bucket"
+    ]
 
 
 @pytest.fixture
@@ -81,8 +88,10 @@ def test_fresh_page_equals_the_captured_startup_page(metrics: VllmMetrics) -> No
 
 def test_label_sets_match_the_capture(metrics: VllmMetrics) -> None:
     mine = {(name, frozenset(k for k, _ in labels)) for name, labels in samples(page(metrics))}
-    real = {(name, frozenset(k for k, _ in labels))
-            for name, labels in samples(capture("metrics_after.txt"))}
+    real = {
+        (name, frozenset(k for k, _ in labels))
+        for name, labels in samples(capture("metrics_after.txt"))
+    }
     assert mine == real
     text = page(metrics)
     assert 'vllm:admission_rejections_total{model_name="/models/tiny-llama",reason=' in text
@@ -90,18 +99,25 @@ def test_label_sets_match_the_capture(metrics: VllmMetrics) -> None:
     assert "model_name" not in info and 'engine="0"' in info
 
 
-@pytest.mark.parametrize("family", [
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-    "vllm:e2e_request_latency_seconds", "vllm:iteration_tokens_total",
-    "vllm:request_time_per_output_token_seconds", "vllm:request_prompt_tokens",
-    "vllm:request_params_n", "vllm:request_num_preemptions",
-])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:iteration_tokens_total",
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_params_n",
+        "vllm:request_num_preemptions",
+    ],
+)
 def test_buckets_match_the_capture(metrics: VllmMetrics, family: str) -> None:
     assert buckets(page(metrics), family) == buckets(capture("metrics_after.txt"), family)
 
 
 def test_buckets_match_vllm_md_without_the_captures(metrics: VllmMetrics) -> None:
-    # vllm.md §6.3, so the bucket check still bites where shared/ is absent.
+    # docs/vllm.md#63-histogram-buckets, so the bucket check still bites without the captures.
     text = page(metrics)
     assert buckets(text, "vllm:time_to_first_token_seconds")[:3] == ["0.001", "0.005", "0.01"]
     assert buckets(text, "vllm:time_to_first_token_seconds")[-3:] == ["640.0", "2560.0", "+Inf"]
@@ -110,8 +126,21 @@ def test_buckets_match_vllm_md_without_the_captures(metrics: VllmMetrics) -> Non
     assert buckets(text, "vllm:e2e_request_latency_seconds")[:3] == ["0.3", "0.5", "0.8"]
     assert buckets(text, "vllm:e2e_request_latency_seconds")[-2:] == ["7680.0", "+Inf"]
     assert buckets(text, "vllm:iteration_tokens_total") == [
-        "1.0", "8.0", "16.0", "32.0", "64.0", "128.0", "256.0", "512.0", "1024.0", "2048.0",
-        "4096.0", "8192.0", "16384.0", "+Inf"]
+        "1.0",
+        "8.0",
+        "16.0",
+        "32.0",
+        "64.0",
+        "128.0",
+        "256.0",
+        "512.0",
+        "1024.0",
+        "2048.0",
+        "4096.0",
+        "8192.0",
+        "16384.0",
+        "+Inf",
+    ]
 
 
 def test_build_1_2_5_buckets() -> None:
@@ -123,14 +152,23 @@ def test_build_1_2_5_buckets() -> None:
 
 
 def test_cache_labels_override_the_defaults() -> None:
-    m = VllmMetrics(MODEL, MAX_MODEL_LEN, {"block_size": "16", "num_gpu_blocks": "2810",
-                                           "gpu_memory_utilization": "0.9"})
-    info = next(f for f in text_string_to_metric_families(page(m))
-                if f.name == "vllm:cache_config_info")
+    m = VllmMetrics(
+        MODEL,
+        MAX_MODEL_LEN,
+        {"block_size": "16", "num_gpu_blocks": "2810", "gpu_memory_utilization": "0.9"},
+    )
+    info = next(
+        f for f in text_string_to_metric_families(page(m)) if f.name == "vllm:cache_config_info"
+    )
     (sample,) = info.samples
     assert sample.value == 1.0
-    assert sample.labels == {**CACHE_CONFIG_DEFAULTS, "engine": "0", "block_size": "16",
-                             "num_gpu_blocks": "2810", "gpu_memory_utilization": "0.9"}
+    assert sample.labels == {
+        **CACHE_CONFIG_DEFAULTS,
+        "engine": "0",
+        "block_size": "16",
+        "num_gpu_blocks": "2810",
+        "gpu_memory_utilization": "0.9",
+    }
     with pytest.raises(ValueError, match="num_gpu_blokcs"):
         VllmMetrics(MODEL, MAX_MODEL_LEN, {"num_gpu_blokcs": "1"})
 
@@ -143,14 +181,30 @@ def test_instances_have_separate_registries() -> None:
     assert VllmMetrics.CONTENT_TYPE.startswith("text/plain; version=0.0.4")
 
 
-def test_observe_step_moves_counters_and_sets_gauges_to_the_last_step(
-        metrics: VllmMetrics) -> None:
-    metrics.observe_step(iteration_tokens=300, prompt_tokens=290, generation_tokens=10,
-                         running=10, waiting=5, kv_usage=0.5, preemptions=0,
-                         prefix_queries=290, prefix_hits=128)
-    metrics.observe_step(iteration_tokens=12, prompt_tokens=0, generation_tokens=12,
-                         running=12, waiting=3, kv_usage=0.75, preemptions=2,
-                         prefix_queries=0, prefix_hits=0)
+def test_observe_step_moves_counters_and_sets_gauges_to_the_last_step(metrics: VllmMetrics) -> None:
+    metrics.observe_step(
+        iteration_tokens=300,
+        prompt_tokens=290,
+        generation_tokens=10,
+        running=10,
+        waiting=5,
+        kv_usage=0.5,
+        preemptions=0,
+        prefix_queries=290,
+        prefix_hits=128,
+    )
+    metrics.observe_step(
+        iteration_tokens=12,
+        prompt_tokens=0,
+        generation_tokens=12,
+        running=12,
+        waiting=3,
+        kv_usage=0.75,
+        preemptions=2,
+        prefix_queries=0,
+        prefix_hits=0,
+    )
+
     def v(name: str, **labels: str) -> float:
         return value(metrics, name, **labels)
 
@@ -175,23 +229,45 @@ def test_observe_itl(metrics: VllmMetrics) -> None:
     metrics.observe_itl([])
     assert value(metrics, "vllm:inter_token_latency_seconds_count") == 3
     assert value(metrics, "vllm:inter_token_latency_seconds_sum") == pytest.approx(0.53)
-    le = {b: value(metrics, "vllm:inter_token_latency_seconds_bucket", le=b)
-          for b in ("0.01", "0.025", "0.4", "0.5")}
+    le = {
+        b: value(metrics, "vllm:inter_token_latency_seconds_bucket", le=b)
+        for b in ("0.01", "0.025", "0.4", "0.5")
+    }
     assert le == {"0.01": 1, "0.025": 2, "0.4": 2, "0.5": 3}
 
 
 def test_two_finished_requests_hand_computed(metrics: VllmMetrics) -> None:
     # A: 100-token prompt, 11 tokens to max_tokens; queue 0.2 s, prefill 0.05 s, decode 1 s.
-    metrics.observe_finished(finished_reason="length", prompt_tokens=100, generation_tokens=11,
-                             max_tokens=11, n=1, arrival=0.0, scheduled=0.2, first_token=0.25,
-                             finish=1.25, num_preemptions=0, prefill_computed_tokens=100,
-                             cached_prompt_tokens=0)
+    metrics.observe_finished(
+        finished_reason="length",
+        prompt_tokens=100,
+        generation_tokens=11,
+        max_tokens=11,
+        n=1,
+        arrival=0.0,
+        scheduled=0.2,
+        first_token=0.25,
+        finish=1.25,
+        num_preemptions=0,
+        prefill_computed_tokens=100,
+        cached_prompt_tokens=0,
+    )
     # B: 600-token prompt (512 cached), stops after 1 token, max_tokens unset, n=2, preempted
     # 3 times; queue 2 s, prefill 0.5 s, decode 2 s.
-    metrics.observe_finished(finished_reason="stop", prompt_tokens=600, generation_tokens=1,
-                             max_tokens=0, n=2, arrival=1.0, scheduled=3.0, first_token=3.5,
-                             finish=5.5, num_preemptions=3, prefill_computed_tokens=88,
-                             cached_prompt_tokens=512)
+    metrics.observe_finished(
+        finished_reason="stop",
+        prompt_tokens=600,
+        generation_tokens=1,
+        max_tokens=0,
+        n=2,
+        arrival=1.0,
+        scheduled=3.0,
+        first_token=3.5,
+        finish=5.5,
+        num_preemptions=3,
+        prefill_computed_tokens=88,
+        cached_prompt_tokens=512,
+    )
 
     def v(name: str, **labels: str) -> float:
         return value(metrics, "vllm:" + name, **labels)
@@ -200,16 +276,24 @@ def test_two_finished_requests_hand_computed(metrics: VllmMetrics) -> None:
     assert v("request_success_total", finished_reason="stop") == 1
     assert v("request_success_total", finished_reason="abort") == 0
     # e2e 1.25 and 4.5; TTFT 0.25 and 2.5 (le is inclusive); TPOT 1/10 and 0 (one token).
-    assert (v("e2e_request_latency_seconds_count"), v("e2e_request_latency_seconds_sum")) \
-        == (2, 5.75)
-    assert [v("e2e_request_latency_seconds_bucket", le=b) for b in ("1.0", "1.5", "2.5", "5.0")] \
-        == [0, 1, 1, 2]
+    assert (v("e2e_request_latency_seconds_count"), v("e2e_request_latency_seconds_sum")) == (
+        2,
+        5.75,
+    )
+    assert [
+        v("e2e_request_latency_seconds_bucket", le=b) for b in ("1.0", "1.5", "2.5", "5.0")
+    ] == [0, 1, 1, 2]
     assert v("time_to_first_token_seconds_sum") == 2.75
-    assert [v("time_to_first_token_seconds_bucket", le=b) for b in ("0.1", "0.25", "2.5")] \
-        == [0, 1, 2]
+    assert [v("time_to_first_token_seconds_bucket", le=b) for b in ("0.1", "0.25", "2.5")] == [
+        0,
+        1,
+        2,
+    ]
     assert v("request_time_per_output_token_seconds_sum") == pytest.approx(0.1)
-    assert [v("request_time_per_output_token_seconds_bucket", le=b) for b in ("0.01", "0.1")] \
-        == [1, 2]
+    assert [v("request_time_per_output_token_seconds_bucket", le=b) for b in ("0.01", "0.1")] == [
+        1,
+        2,
+    ]
     assert v("request_queue_time_seconds_sum") == pytest.approx(2.2)
     assert v("request_queue_time_seconds_bucket", le="0.3") == 1
     assert v("request_prefill_time_seconds_sum") == pytest.approx(0.55)
@@ -219,16 +303,18 @@ def test_two_finished_requests_hand_computed(metrics: VllmMetrics) -> None:
     assert v("request_inference_time_seconds_bucket", le="1.0") == 0
     # Token counts and request parameters.
     assert v("request_prompt_tokens_sum") == 700
-    assert [v("request_prompt_tokens_bucket", le=b) for b in ("100.0", "500.0", "1000.0")] \
-        == [1, 1, 2]
+    assert [v("request_prompt_tokens_bucket", le=b) for b in ("100.0", "500.0", "1000.0")] == [
+        1,
+        1,
+        2,
+    ]
     assert (v("request_generation_tokens_sum"), v("request_generation_tokens_count")) == (12, 2)
     assert v("request_generation_tokens_bucket", le="1.0") == 1
     assert v("request_max_num_generation_tokens_sum") == 12
     assert (v("request_params_max_tokens_count"), v("request_params_max_tokens_sum")) == (1, 11)
     assert (v("request_params_n_count"), v("request_params_n_sum")) == (2, 3)
     assert (v("request_num_preemptions_count"), v("request_num_preemptions_sum")) == (2, 3)
-    assert [v("request_num_preemptions_bucket", le=b) for b in ("1.0", "2.0", "3.0")] \
-        == [1, 1, 2]
+    assert [v("request_num_preemptions_bucket", le=b) for b in ("1.0", "2.0", "3.0")] == [1, 1, 2]
     assert v("request_prefill_kv_computed_tokens_sum") == 188
     # Prompt tokens by where their KV came from: all cache hits are on the device.
     assert v("prompt_tokens_cached_total") == 512
@@ -243,8 +329,18 @@ def test_two_finished_requests_hand_computed(metrics: VllmMetrics) -> None:
 
 def test_unknown_finished_reason_is_refused(metrics: VllmMetrics) -> None:
     with pytest.raises(ValueError, match="finished_reason"):
-        metrics.observe_finished(finished_reason="done", prompt_tokens=1, generation_tokens=1,
-                                 max_tokens=1, n=1, arrival=0, scheduled=0, first_token=0,
-                                 finish=0, num_preemptions=0, prefill_computed_tokens=1,
-                                 cached_prompt_tokens=0)
+        metrics.observe_finished(
+            finished_reason="done",
+            prompt_tokens=1,
+            generation_tokens=1,
+            max_tokens=1,
+            n=1,
+            arrival=0,
+            scheduled=0,
+            first_token=0,
+            finish=0,
+            num_preemptions=0,
+            prefill_computed_tokens=1,
+            cached_prompt_tokens=0,
+        )
     assert not re.search(r'finished_reason="done"', page(metrics))

@@ -24,8 +24,9 @@ def serve_cmd(*args: str) -> list[str]:
 
 
 def start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(serve_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        serve_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_healthy(port: int, proc: subprocess.Popen[str], deadline_s: float = 15.0) -> float:
@@ -51,14 +52,32 @@ def stop(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
 def test_serves_healthy_within_seconds_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "req.jsonl"
-    proc = start(MODEL, "--hardware", "H100-80GB", "--port", str(port), "--sim-startup-delay",
-                 "0", "--max-model-len", "4096", "--time-scale", "10", "--dtype", "bfloat16",
-                 "--trust-remote-code", "--sim-request-log", str(log))
+    proc = start(
+        MODEL,
+        "--hardware",
+        "H100-80GB",
+        "--port",
+        str(port),
+        "--sim-startup-delay",
+        "0",
+        "--max-model-len",
+        "4096",
+        "--time-scale",
+        "10",
+        "--dtype",
+        "bfloat16",
+        "--trust-remote-code",
+        "--sim-request-log",
+        str(log),
+    )
     try:
         assert wait_healthy(port, proc) < 10
         body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 3}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=5) as r:
             assert json.loads(r.read())["usage"]["completion_tokens"] == 3
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
@@ -71,28 +90,67 @@ def test_serves_healthy_within_seconds_and_stops_on_sigterm(tmp_path: Path) -> N
     assert json.loads(log.read_text().splitlines()[0])["output_tokens"] == 3
 
 
-@pytest.mark.parametrize(("flags", "cls", "needle"), [
-    (["--max-num-seqs", "0"], FailureClass.CONFIG_INVALID, "greater than or equal to 1"),
-    (["--max-num-seqs", "512", "--max-num-batched-tokens", "256"], FailureClass.MNBT_LT_MNS,
-     "must be greater than or equal to max_num_seqs (512)"),
-    (["--max-model-len", "8192", "--max-num-batched-tokens", "4096",
-      "--no-enable-chunked-prefill"], FailureClass.MNBT_LT_MAXLEN,
-     "is smaller than max_model_len (8192)"),
-    (["--max-model-len", "200000"], FailureClass.MAXLEN_GT_MODEL,
-     "is greater than the derived max_model_len"),
-    (["--gpu-memory-utilization", "0.3"], FailureClass.KV_TOO_SMALL,
-     "estimated maximum model length is"),
-    (["--gpu-memory-utilization", "0.19"], FailureClass.NO_KV_MEMORY,
-     "No available memory for the cache blocks"),
-    (["--sim-other-tenant-gib", "20"], FailureClass.FREE_MEMORY,
-     "on startup is less than desired GPU memory utilization"),
-])
-def test_startup_failures_exit_1_with_vllms_text(flags: list[str], cls: FailureClass,
-                                                 needle: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "cls", "needle"),
+    [
+        (["--max-num-seqs", "0"], FailureClass.CONFIG_INVALID, "greater than or equal to 1"),
+        (
+            ["--max-num-seqs", "512", "--max-num-batched-tokens", "256"],
+            FailureClass.MNBT_LT_MNS,
+            "must be greater than or equal to max_num_seqs (512)",
+        ),
+        (
+            [
+                "--max-model-len",
+                "8192",
+                "--max-num-batched-tokens",
+                "4096",
+                "--no-enable-chunked-prefill",
+            ],
+            FailureClass.MNBT_LT_MAXLEN,
+            "is smaller than max_model_len (8192)",
+        ),
+        (
+            ["--max-model-len", "200000"],
+            FailureClass.MAXLEN_GT_MODEL,
+            "is greater than the derived max_model_len",
+        ),
+        (
+            ["--gpu-memory-utilization", "0.3"],
+            FailureClass.KV_TOO_SMALL,
+            "estimated maximum model length is",
+        ),
+        (
+            ["--gpu-memory-utilization", "0.19"],
+            FailureClass.NO_KV_MEMORY,
+            "No available memory for the cache blocks",
+        ),
+        (
+            ["--sim-other-tenant-gib", "20"],
+            FailureClass.FREE_MEMORY,
+            "on startup is less than desired GPU memory utilization",
+        ),
+    ],
+)
+def test_startup_failures_exit_1_with_vllms_text(
+    flags: list[str], cls: FailureClass, needle: str
+) -> None:
     port = free_port()
-    proc = subprocess.run(serve_cmd(MODEL, "--hardware", "H100-80GB", "--port", str(port),
-                                    "--sim-startup-delay", "0", *flags),
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        serve_cmd(
+            MODEL,
+            "--hardware",
+            "H100-80GB",
+            "--port",
+            str(port),
+            "--sim-startup-delay",
+            "0",
+            *flags,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 1
     assert needle in proc.stderr
     match = classify_log((proc.stdout + proc.stderr).splitlines())
@@ -102,8 +160,12 @@ def test_startup_failures_exit_1_with_vllms_text(flags: list[str], cls: FailureC
 
 
 def test_unknown_flag_is_an_argparse_error() -> None:
-    proc = subprocess.run(serve_cmd(MODEL, "--hardware", "H100-80GB", "--max-num-seqz", "3"),
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        serve_cmd(MODEL, "--hardware", "H100-80GB", "--max-num-seqz", "3"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2 and "unrecognized arguments: --max-num-seqz" in proc.stderr
 
 
@@ -112,9 +174,14 @@ def test_port_in_use_is_classified() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = subprocess.run(serve_cmd(MODEL, "--hardware", "H100-80GB", "--port", str(port),
-                                        "--sim-startup-delay", "0"),
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            serve_cmd(
+                MODEL, "--hardware", "H100-80GB", "--port", str(port), "--sim-startup-delay", "0"
+            ),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert proc.returncode == 1
     match = classify_log(proc.stderr.splitlines())
     assert match is not None and match.failure_class is FailureClass.PORT_IN_USE
@@ -122,8 +189,17 @@ def test_port_in_use_is_classified() -> None:
 
 def test_startup_delay_holds_back_health() -> None:
     port = free_port()
-    proc = start(MODEL, "--hardware", "H100-80GB", "--port", str(port), "--sim-startup-delay",
-                 "1.5", "--max-model-len", "4096")
+    proc = start(
+        MODEL,
+        "--hardware",
+        "H100-80GB",
+        "--port",
+        str(port),
+        "--sim-startup-delay",
+        "1.5",
+        "--max-model-len",
+        "4096",
+    )
     try:
         took = wait_healthy(port, proc)
     finally:

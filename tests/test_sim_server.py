@@ -22,13 +22,24 @@ from autotune.sim.server import SimServer
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def make_server(time_scale: float = 20.0, api_key: str | None = None,
-                log: io.StringIO | None = None, **args: Any) -> SimServer:
+def make_server(
+    time_scale: float = 20.0,
+    api_key: str | None = None,
+    log: io.StringIO | None = None,
+    **args: Any,
+) -> SimServer:
     m, hw = get_model(MODEL), get_hardware("H100-80GB")
     ea = EngineArgs(**{"max_model_len": 2048, **args})
     eng = Engine(m, hw, ea, seed=0, keep_history=False)
-    return SimServer(eng, served_model_name=MODEL, model_path=MODEL, api_key=api_key,
-                     time_scale=time_scale, request_log=log, stats_interval=0)
+    return SimServer(
+        eng,
+        served_model_name=MODEL,
+        model_path=MODEL,
+        api_key=api_key,
+        time_scale=time_scale,
+        request_log=log,
+        stats_interval=0,
+    )
 
 
 @pytest.fixture
@@ -45,7 +56,7 @@ async def sse_events(resp: aiohttp.ClientResponse) -> list[str]:
     assert body.endswith("data: [DONE]\n\n")
     events = body.split("\n\n")[:-1]
     assert all(e.startswith("data: ") for e in events)
-    return [e[len("data: "):] for e in events]
+    return [e[len("data: ") :] for e in events]
 
 
 async def test_health_version_models(client: TestClient[Any, Any]) -> None:
@@ -57,9 +68,18 @@ async def test_health_version_models(client: TestClient[Any, Any]) -> None:
 
 
 async def test_streaming_completion_framing_and_usage(client: TestClient[Any, Any]) -> None:
-    resp = await client.post("/v1/completions", json={
-        "model": MODEL, "prompt": "hello world " * 20, "max_tokens": 12, "stream": True,
-        "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0})
+    resp = await client.post(
+        "/v1/completions",
+        json={
+            "model": MODEL,
+            "prompt": "hello world " * 20,
+            "max_tokens": 12,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+            "temperature": 0,
+        },
+    )
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
     events = await sse_events(resp)
     assert events[-1] == "[DONE]"
@@ -76,62 +96,84 @@ async def test_streaming_completion_framing_and_usage(client: TestClient[Any, An
 
 
 async def test_no_usage_chunk_without_include_usage(client: TestClient[Any, Any]) -> None:
-    resp = await client.post("/v1/completions", json={
-        "model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 3, "stream": True})
+    resp = await client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 3, "stream": True},
+    )
     chunks = [json.loads(e) for e in (await sse_events(resp))[:-1]]
     assert len(chunks) == 3 and all(c["choices"] for c in chunks)
 
 
 async def test_token_id_prompt_and_non_streaming(client: TestClient[Any, Any]) -> None:
-    resp = await client.post("/v1/completions", json={
-        "model": MODEL, "prompt": list(range(100, 150)), "max_tokens": 5})
+    resp = await client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": list(range(100, 150)), "max_tokens": 5}
+    )
     body = await resp.json()
     assert body["usage"] == {"prompt_tokens": 50, "total_tokens": 55, "completion_tokens": 5}
     assert body["choices"][0]["finish_reason"] == "length" and body["choices"][0]["text"]
 
 
 async def test_chat_streaming_sends_role_then_content(client: TestClient[Any, Any]) -> None:
-    resp = await client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi there"}],
-        "max_completion_tokens": 4, "stream": True, "stream_options": {"include_usage": True}})
+    resp = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi there"}],
+            "max_completion_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     chunks = [json.loads(e) for e in (await sse_events(resp))[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     content = [c for c in chunks[1:] if c["choices"]]
     assert len(content) == 4 and all(c["object"] == "chat.completion.chunk" for c in content)
     assert chunks[-1]["usage"]["completion_tokens"] == 4
-    plain = await (await client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})).json()
+    plain = await (
+        await client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
+    ).json()
     assert plain["choices"][0]["message"]["role"] == "assistant"
     assert plain["usage"]["completion_tokens"] == 3
 
 
 async def test_length_rules_follow_real_vllm(client: TestClient[Any, Any]) -> None:
     # prompt + max_tokens beyond max_model_len: served, output cut (vLLM 0.32 does this)
-    resp = await client.post("/v1/completions", json={
-        "model": MODEL, "prompt": list(range(2000)), "max_tokens": 100})
+    resp = await client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": list(range(2000)), "max_tokens": 100}
+    )
     assert resp.status == 200
     body = await resp.json()
     assert body["usage"]["completion_tokens"] == 48
     assert body["choices"][0]["finish_reason"] == "length"
     # the prompt alone is too long: 400 with vLLM's text and param
-    resp = await client.post("/v1/completions", json={
-        "model": MODEL, "prompt": list(range(2100)), "max_tokens": 10})
+    resp = await client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": list(range(2100)), "max_tokens": 10}
+    )
     assert resp.status == 400
     err = (await resp.json())["error"]
     assert err["type"] == "BadRequestError" and err["code"] == 400
     assert err["param"] == "input_tokens"
-    assert err["message"].startswith("This model's maximum context length is 2048 tokens. "
-                                     "However, your prompt contains 2100 input tokens")
+    assert err["message"].startswith(
+        "This model's maximum context length is 2048 tokens. "
+        "However, your prompt contains 2100 input tokens"
+    )
     # text prompts: vLLM tokenizes only up to max_model_len + 1
-    resp = await client.post("/v1/completions", json={
-        "model": MODEL, "prompt": "word " * 3000, "max_tokens": 10})
-    assert "your prompt contains at least 2049 input tokens" in (
-        await resp.json())["error"]["message"]
-    resp = await client.post("/v1/completions", json={
-        "model": MODEL, "prompt": list(range(2048)), "max_tokens": 10})
+    resp = await client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "word " * 3000, "max_tokens": 10}
+    )
+    assert (
+        "your prompt contains at least 2049 input tokens" in (await resp.json())["error"]["message"]
+    )
+    resp = await client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": list(range(2048)), "max_tokens": 10}
+    )
     err = (await resp.json())["error"]
     assert err["param"] == "max_tokens" and err["message"].startswith(
-        "max_tokens must be at least 1, got 0")
+        "max_tokens must be at least 1, got 0"
+    )
 
 
 async def test_unknown_model_and_bad_json(client: TestClient[Any, Any]) -> None:
@@ -142,10 +184,11 @@ async def test_unknown_model_and_bad_json(client: TestClient[Any, Any]) -> None:
 
 
 async def test_tokenize_round_trip(client: TestClient[Any, Any]) -> None:
-    tok = await (await client.post("/tokenize", json={"model": MODEL,
-                                                      "prompt": "the quick brown fox"})).json()
+    tok = await (
+        await client.post("/tokenize", json={"model": MODEL, "prompt": "the quick brown fox"})
+    ).json()
     assert tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == 2048
-    text = (await (await client.post("/detokenize", json={"tokens": tok["tokens"]})).json())
+    text = await (await client.post("/detokenize", json={"tokens": tok["tokens"]})).json()
     again = await (await client.post("/tokenize", json={"prompt": text["prompt"]})).json()
     assert again["tokens"] == tok["tokens"]
 
@@ -173,10 +216,14 @@ def metrics(text: str) -> dict[str, float]:
 async def test_metrics_track_the_engine_and_waiting_grows_when_max_num_seqs_binds() -> None:
     srv = make_server(time_scale=5.0, max_num_seqs=2)
     async with TestClient(TestServer(srv.app())) as c:
+
         async def one() -> None:
-            r = await c.post("/v1/completions", json={"model": MODEL, "prompt": [5] * 64,
-                                                      "max_tokens": 40, "stream": True})
+            r = await c.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": [5] * 64, "max_tokens": 40, "stream": True},
+            )
             await r.read()
+
         tasks = [asyncio.create_task(one()) for _ in range(8)]
         await asyncio.sleep(0.1)
         mid = metrics(await (await c.get("/metrics")).text())
@@ -197,8 +244,10 @@ async def test_request_log_matches_what_the_client_sees() -> None:
     async with TestClient(TestServer(srv.app())) as c:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        r = await c.post("/v1/completions", json={"model": MODEL, "prompt": [7] * 500,
-                                                  "max_tokens": 20, "stream": True})
+        r = await c.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": [7] * 500, "max_tokens": 20, "stream": True},
+        )
         first = None
         async for _line in r.content:
             if first is None:
@@ -215,8 +264,10 @@ async def test_request_log_matches_what_the_client_sees() -> None:
 async def test_client_disconnect_aborts_and_frees_the_request() -> None:
     srv = make_server(time_scale=1.0)
     async with TestClient(TestServer(srv.app())) as c:
-        r = await c.post("/v1/completions", json={"model": MODEL, "prompt": [3] * 32,
-                                                  "max_tokens": 1000, "stream": True})
+        r = await c.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": [3] * 32, "max_tokens": 1000, "stream": True},
+        )
         await r.content.readline()
         r.close()
         for _ in range(100):

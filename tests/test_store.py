@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from conftest import need_service
 from sqlalchemy.engine import make_url
 
-from autotune.errors import StorageError
+from autotune.errors import NotFoundError, StorageError
 from autotune.store import (
     DEFAULT_URL,
     LevelRecord,
@@ -37,9 +37,21 @@ from autotune.store import (
 )
 
 PG_ADMIN_URL = os.environ.get(
-    "AUTOTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    "AUTOTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 BACKENDS = [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
-OUR_TABLES = {"autotune_studies", "autotune_trials", "autotune_levels", "autotune_alembic_version"}
+OUR_TABLES = {
+    "autotune_studies",
+    "autotune_trials",
+    "autotune_levels",
+    "autotune_controllers",
+    "autotune_workers",
+    "autotune_claims",
+    "autotune_repeats",
+    "autotune_nightly_decisions",
+    "autotune_schedules",
+    "autotune_alembic_version",
+}
 
 
 def _libpq(url: str) -> str:
@@ -74,34 +86,61 @@ def fresh_database(backend: str, folder: Path) -> Iterator[str]:
 
 
 def make_study(name: str) -> StudyRecord:
-    return StudyRecord(name=name, config_yaml=f"name: {name}\n", mode="slo-capacity",
-                       workload_profile={"input_len": {"p50": 512, "p99": 2048}, "n": 500},
-                       worker_kind="sim-virtual", optuna_study_name=f"optuna-{name}")
+    return StudyRecord(
+        name=name,
+        config_yaml=f"name: {name}\n",
+        mode="slo-capacity",
+        workload_profile={"input_len": {"p50": 512, "p99": 2048}, "n": 500},
+        worker_kind="sim-virtual",
+        optuna_study_name=f"optuna-{name}",
+    )
 
 
 def make_level(index: int, **over: Any) -> LevelRecord:
     level = LevelRecord(
-        level_index=index, scale=0.5 * (index + 1), offered_rate=2.0 * (index + 1),
-        achieved_rate=1.9 * (index + 1), completed=100, failed=1, over_length=0,
-        error_rate=0.01, p99_ttft_ms=120.5, p99_tpot_ms=None, p99_itl_ms=30.25,
-        output_throughput=1500.0, request_throughput=9.5, goodput=None, feasible=index < 2,
+        level_index=index,
+        scale=0.5 * (index + 1),
+        offered_rate=2.0 * (index + 1),
+        achieved_rate=1.9 * (index + 1),
+        completed=100,
+        failed=1,
+        over_length=0,
+        error_rate=0.01,
+        p99_ttft_ms=120.5,
+        p99_tpot_ms=None,
+        p99_itl_ms=30.25,
+        output_throughput=1500.0,
+        request_throughput=9.5,
+        goodput=None,
+        feasible=index < 2,
         metrics={"completed": 100, "ttfts": [0.1, 0.2], "percentiles": {"99": 120.5}},
-        telemetry={"kv_usage_max": 0.93} if index else None, diagnosis=None)
+        telemetry={"kv_usage_max": 0.93} if index else None,
+        diagnosis=None,
+    )
     return replace(level, **over)
 
 
-def make_trial(study: str, number: int, levels: list[LevelRecord] | None = None,
-               **over: Any) -> TrialRecord:
+def make_trial(
+    study: str, number: int, levels: list[LevelRecord] | None = None, **over: Any
+) -> TrialRecord:
     trial = TrialRecord(
-        study_name=study, optuna_trial_number=number, stage="max_num_seqs", state="RUNNING",
+        study_name=study,
+        optuna_trial_number=number,
+        stage="max_num_seqs",
+        state="RUNNING",
         params={"max_num_seqs": 128, "gpu_memory_utilization": 0.9},
         engine_args={"max_num_seqs": 128, "max_model_len": 4096, "enable_prefix_caching": True},
         launch_command="vllm serve m --max-num-seqs 128",
-        launch_argv=["vllm", "serve", "m", "--max-num-seqs", "128"], worker_kind="sim",
-        startup_s=12.5, kv_cache_tokens=3_000_000_000, max_concurrency=45.5,
-        constraints=[-1.0, 0.5], diagnosis={"bottleneck": "kv"},
+        launch_argv=["vllm", "serve", "m", "--max-num-seqs", "128"],
+        worker_kind="sim",
+        startup_s=12.5,
+        kv_cache_tokens=3_000_000_000,
+        max_concurrency=45.5,
+        constraints=[-1.0, 0.5],
+        diagnosis={"bottleneck": "kv"},
         started_at=datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone(timedelta(hours=2))),
-        levels=[make_level(i) for i in range(3)] if levels is None else levels)
+        levels=[make_level(i) for i in range(3)] if levels is None else levels,
+    )
     return replace(trial, **over)
 
 
@@ -110,15 +149,18 @@ def counts(url: str) -> dict[str, int]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
-                    for t in sorted(OUR_TABLES - {"autotune_alembic_version"})}
+            return {
+                t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
+                for t in sorted(OUR_TABLES - {"autotune_alembic_version"})
+            }
     finally:
         engine.dispose()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Store]:
+def store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Store]:
     with fresh_database(request.param, tmp_path_factory.mktemp("store")) as url:
         s = Store.open(url, upgrade=True)
         yield s
@@ -140,18 +182,25 @@ def test_create_get_list_delete(store: Store, name: str) -> None:
     assert got == replace(rec, id=study_id, created_at=got.created_at)
     summary = next(s for s in store.list_studies() if s.name == name)
     assert (summary.mode, summary.worker_kind, summary.n_trials, summary.best_objective) == (
-        "slo-capacity", "sim-virtual", 0, None)
+        "slo-capacity",
+        "sim-virtual",
+        0,
+        None,
+    )
     store.delete_study(name)
     assert store.get_study(name) is None
     assert name not in {s.name for s in store.list_studies()}
-    with pytest.raises(StorageError, match=f"study '{name}' does not exist"):
+    with pytest.raises(NotFoundError, match=f"study '{name}' does not exist"):
         store.delete_study(name)
 
 
 def test_duplicate_study_name(store: Store, name: str) -> None:
     store.create_study(make_study(name))
-    with pytest.raises(StorageError, match=rf"study '{name}' already exists; use "
-                                           rf"`autotune study run {name}` or delete it"):
+    with pytest.raises(
+        StorageError,
+        match=rf"study '{name}' already exists; use "
+        rf"`autotune study run {name}` or delete it",
+    ):
         store.create_study(replace(make_study(name), mode="offline"))
     got = store.get_study(name)
     assert got is not None and got.mode == "slo-capacity"
@@ -165,8 +214,9 @@ def test_trial_round_trip(store: Store, name: str) -> None:
     [got] = store.trials(name)
     assert [lv.level_index for lv in got.levels] == [0, 1, 2]
     assert all(lv.id is not None for lv in got.levels)
-    expected = replace(rec, id=trial_id,
-                       levels=[replace(make_level(i), id=got.levels[i].id) for i in range(3)])
+    expected = replace(
+        rec, id=trial_id, levels=[replace(make_level(i), id=got.levels[i].id) for i in range(3)]
+    )
     assert got == expected  # datetimes compare as instants: stored UTC, read back aware
     assert got.started_at is not None and got.started_at.tzinfo is not None
 
@@ -184,13 +234,24 @@ def test_update_trial_and_summary(store: Store, name: str) -> None:
     store.create_study(make_study(name))
     ids = [store.add_trial(make_trial(name, n, levels=[])) for n in range(4)]
     done = datetime.now(UTC)
-    store.update_trial(ids[0], state="COMPLETE", objective=2.5, constraints=[-0.5],
-                       feasible=True, capacity_scale=1.5, finished_at=done)
+    store.update_trial(
+        ids[0],
+        state="COMPLETE",
+        objective=2.5,
+        constraints=[-0.5],
+        feasible=True,
+        capacity_scale=1.5,
+        finished_at=done,
+    )
     store.update_trial(ids[1], state="COMPLETE", objective=9.0, feasible=False)  # not best
     store.update_trial(ids[2], state="FAIL", failure_class="KV_TOO_SMALL", log_tail="x\ny")
     got = store.trials(name)
     assert (got[0].state, got[0].objective, got[0].constraints, got[0].feasible) == (
-        "COMPLETE", 2.5, [-0.5], True)
+        "COMPLETE",
+        2.5,
+        [-0.5],
+        True,
+    )
     assert got[0].finished_at == done
     assert (got[2].state, got[2].failure_class, got[2].log_tail) == ("FAIL", "KV_TOO_SMALL", "x\ny")
     assert got[3] == replace(make_trial(name, 3, levels=[]), id=ids[3])
@@ -226,7 +287,7 @@ def test_failed_writes_leave_database_unchanged(store: Store, name: str) -> None
     store.create_study(make_study(name))
     store.add_trial(make_trial(name, 0))
     before = counts(store.url)
-    with pytest.raises(StorageError, match="study 'no-such-study' does not exist"):
+    with pytest.raises(NotFoundError, match="study 'no-such-study' does not exist"):
         store.add_trial(make_trial("no-such-study", 0))
     with pytest.raises(StorageError, match=f"trial 0 of study '{name}' already exists"):
         store.add_trial(make_trial(name, 0))
@@ -243,13 +304,19 @@ def test_failed_writes_leave_database_unchanged(store: Store, name: str) -> None
 def test_non_finite_floats_read_back_as_none(store: Store, name: str) -> None:
     store.create_study(make_study(name))
     metrics = {"mean_ttft_ms": math.nan, "rates": [math.inf, 1.0, -math.inf], "ok": (1, 2)}
-    store.add_trial(make_trial(name, 0, objective=math.nan, capacity_scale=math.inf,
-                               levels=[make_level(0, goodput=math.nan, metrics=metrics)]))
+    store.add_trial(
+        make_trial(
+            name,
+            0,
+            objective=math.nan,
+            capacity_scale=math.inf,
+            levels=[make_level(0, goodput=math.nan, metrics=metrics)],
+        )
+    )
     [got] = store.trials(name)
     assert (got.objective, got.capacity_scale) == (None, math.inf)
     assert got.levels[0].goodput is None
-    assert got.levels[0].metrics == {"mean_ttft_ms": None, "rates": [None, 1.0, None],
-                                     "ok": [1, 2]}
+    assert got.levels[0].metrics == {"mean_ttft_ms": None, "rates": [None, 1.0, None], "ok": [1, 2]}
 
 
 def test_delete_cascades_to_trials_and_levels(store: Store, name: str) -> None:
@@ -261,7 +328,7 @@ def test_delete_cascades_to_trials_and_levels(store: Store, name: str) -> None:
     assert before["autotune_studies"] - after["autotune_studies"] == 1
     assert before["autotune_trials"] - after["autotune_trials"] == 1
     assert before["autotune_levels"] - after["autotune_levels"] == 3
-    with pytest.raises(StorageError, match=f"study '{name}' does not exist"):
+    with pytest.raises(NotFoundError, match=f"study '{name}' does not exist"):
         store.trials(name)
 
 

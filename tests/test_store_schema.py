@@ -15,7 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from test_store import BACKENDS, OUR_TABLES, fresh_database, make_study, make_trial
 
-from autotune.errors import StorageError
+from autotune.errors import ServiceError, StorageError
 from autotune.store import VERSION_TABLE, Store
 from autotune.store.migrate import alembic_config, head_revision, include_object
 from autotune.store.models import Base
@@ -47,10 +47,14 @@ def inspect_db(url: str) -> tuple[set[str], str | None, list[object]]:
     try:
         with engine.connect() as conn:
             tables = set(sa.inspect(conn).get_table_names())
-            optuna_rev = MigrationContext.configure(conn).get_current_revision() \
-                if "alembic_version" in tables else None
-            ctx = MigrationContext.configure(conn, opts={
-                "version_table": VERSION_TABLE, "include_object": include_object})
+            optuna_rev = (
+                MigrationContext.configure(conn).get_current_revision()
+                if "alembic_version" in tables
+                else None
+            )
+            ctx = MigrationContext.configure(
+                conn, opts={"version_table": VERSION_TABLE, "include_object": include_object}
+            )
             diff = compare_metadata(ctx, Base.metadata)
         return tables, optuna_rev, diff
     finally:
@@ -117,11 +121,11 @@ def test_delete_study_removes_optuna_study(url: str) -> None:
         optuna_study(url, "optuna-keep")
         store.delete_study("s")
         assert store.get_study("s") is None
-        assert optuna.get_all_study_names(url) == ["optuna-keep"]
+        assert optuna.get_all_study_names(store.optuna_storage()) == ["optuna-keep"]
         store.delete_study("keep")
         store.create_study(make_study("later"))
         store.delete_study("later")  # no Optuna study was ever made for it
-        assert optuna.get_all_study_names(url) == []
+        assert optuna.get_all_study_names(store.optuna_storage()) == []
 
 
 def test_delete_study_does_not_create_optuna_tables(url: str) -> None:
@@ -148,8 +152,9 @@ def test_postgres_needs_explicit_upgrade(pg_url: str) -> None:
     with pytest.raises(StorageError) as info:
         Store.open(pg_url)
     masked = sa.engine.make_url(pg_url).render_as_string(hide_password=True)
-    assert str(info.value) == (f"database at {masked} is not initialised; "
-                               f"run `autotune db upgrade --storage {masked}`")
+    assert str(info.value) == (
+        f"database at {masked} is not initialised; run `autotune db upgrade --storage {masked}`"
+    )
     assert inspect_db(pg_url)[0] == set()  # the check wrote nothing
     Store.open(pg_url, upgrade=True).close()
     with Store.open(pg_url) as store:
@@ -170,17 +175,22 @@ def test_database_from_a_newer_autotune_is_refused(url: str) -> None:
     store.close()
 
 
-@pytest.mark.parametrize("bad", [
-    "postgresql+psycopg://user:s3cret@127.0.0.1:1/autotune",
-    "postgresql://user:s3cret@127.0.0.1:1/autotune",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "postgresql+psycopg://user:s3cret@127.0.0.1:1/autotune",
+        "postgresql://user:s3cret@127.0.0.1:1/autotune",
+    ],
+)
 def test_unreachable_server_is_one_line(bad: str) -> None:
-    with pytest.raises(StorageError) as info:
+    with pytest.raises(ServiceError) as info:
         Store.open(bad)
     message = str(info.value)
     assert "\n" not in message and "s3cret" not in message
-    assert message.startswith("cannot connect to the study database at "
-                              "postgresql+psycopg://user:***@127.0.0.1:1/autotune: ")
+    assert message.startswith(
+        "cannot connect to the study database at "
+        "postgresql+psycopg://user:***@127.0.0.1:1/autotune: "
+    )
     assert "check that the server is running" in message
     assert isinstance(info.value.__cause__, sa.exc.OperationalError)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, ServiceError
 from autotune.sim.metrics import VllmMetrics
 from autotune.telemetry import (
     KINDS,
@@ -28,14 +28,12 @@ from autotune.telemetry import (
 )
 from autotune.telemetry.diagnosis import QUEUE_HIGH_SHARE, SATURATED_MIN
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared/reference/vllm-0.32-cpu-captures"
+CAPTURES = Path(__file__).parent / "data" / "captures"
 MODEL = "tiny"
 
 
 def capture(name: str) -> str:
     path = CAPTURES / name
-    if not path.is_file():
-        pytest.skip(f"capture {path} not present")
     return path.read_text()
 
 
@@ -95,12 +93,15 @@ def test_old_names_and_untyped_counters() -> None:
 
 def test_old_and_new_name_together_count_once() -> None:
     # v0.10 exposes the deprecated and the current name with the same values.
-    page = OLD_PAGE + """\
+    page = (
+        OLD_PAGE
+        + """\
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
 # TYPE vllm:prefix_cache_queries counter
 vllm:prefix_cache_queries_total{engine="0",model_name="m"} 500.0
 """
+    )
     snap = parse_metrics(page)
     assert snap.gauges["vllm:kv_cache_usage_perc"] == 0.5
     assert snap.counters["vllm:prefix_cache_queries"] == 500
@@ -134,30 +135,64 @@ class FakeEngine:
     def __init__(self) -> None:
         self.m = VllmMetrics(MODEL, 8192, {})
 
-    def steps(self, n: int, *, tokens: int, running: int, waiting: int, kv: float = 0.1,
-              preempt_every: int = 0) -> None:
+    def steps(
+        self,
+        n: int,
+        *,
+        tokens: int,
+        running: int,
+        waiting: int,
+        kv: float = 0.1,
+        preempt_every: int = 0,
+    ) -> None:
         for i in range(n):
-            self.m.observe_step(iteration_tokens=tokens, prompt_tokens=tokens - running,
-                                generation_tokens=running, running=running, waiting=waiting,
-                                kv_usage=kv, preemptions=int(bool(preempt_every) and
-                                                             i % preempt_every == 0),
-                                prefix_queries=0, prefix_hits=0)
+            self.m.observe_step(
+                iteration_tokens=tokens,
+                prompt_tokens=tokens - running,
+                generation_tokens=running,
+                running=running,
+                waiting=waiting,
+                kv_usage=kv,
+                preemptions=int(bool(preempt_every) and i % preempt_every == 0),
+                prefix_queries=0,
+                prefix_hits=0,
+            )
 
     def finish(self, n: int, *, queue: float, e2e: float) -> None:
         for _ in range(n):
-            self.m.observe_finished(finished_reason="length", prompt_tokens=100,
-                                    generation_tokens=50, max_tokens=50, n=1, arrival=0.0,
-                                    scheduled=queue, first_token=queue + 0.05, finish=e2e,
-                                    num_preemptions=0, prefill_computed_tokens=100,
-                                    cached_prompt_tokens=0)
+            self.m.observe_finished(
+                finished_reason="length",
+                prompt_tokens=100,
+                generation_tokens=50,
+                max_tokens=50,
+                n=1,
+                arrival=0.0,
+                scheduled=queue,
+                first_token=queue + 0.05,
+                finish=e2e,
+                num_preemptions=0,
+                prefill_computed_tokens=100,
+                cached_prompt_tokens=0,
+            )
 
     def snap(self, t: float) -> Snapshot:
         return parse_metrics(self.m.render().decode(), t=t)
 
 
-def level(*, tokens: int, running: int, waiting: int, queue: float, e2e: float = 2.0,
-          kv: float = 0.1, preempt_every: int = 0, finished: int = 20, mid: int = 4,
-          mns: int = 64, mnbt: int = 2048) -> tuple[LevelTelemetry, LevelTelemetry]:
+def level(
+    *,
+    tokens: int,
+    running: int,
+    waiting: int,
+    queue: float,
+    e2e: float = 2.0,
+    kv: float = 0.1,
+    preempt_every: int = 0,
+    finished: int = 20,
+    mid: int = 4,
+    mns: int = 64,
+    mnbt: int = 2048,
+) -> tuple[LevelTelemetry, LevelTelemetry]:
     """(with mid-level samples, before/after only) for one steady level of ``mid`` seconds."""
     eng = FakeEngine()
     eng.steps(3, tokens=5, running=1, waiting=0)  # earlier traffic: deltas must remove it
@@ -165,21 +200,23 @@ def level(*, tokens: int, running: int, waiting: int, queue: float, e2e: float =
     before = eng.snap(0.0)
     samples = []
     for i in range(mid):
-        eng.steps(50, tokens=tokens, running=running, waiting=waiting, kv=kv,
-                  preempt_every=preempt_every)
+        eng.steps(
+            50, tokens=tokens, running=running, waiting=waiting, kv=kv, preempt_every=preempt_every
+        )
         samples.append(eng.snap(i + 1.0))
     eng.finish(finished, queue=queue, e2e=e2e)
     eng.steps(1, tokens=1, running=0, waiting=0, kv=0.0)  # drained
     after = eng.snap(mid + 1.0)
-    full = summarize(before, after, samples, max_num_seqs=mns, max_num_batched_tokens=mnbt,
-                     missed=0)
-    bare = summarize(before, after, (), max_num_seqs=mns, max_num_batched_tokens=mnbt,
-                     missed=mid)
+    full = summarize(
+        before, after, samples, max_num_seqs=mns, max_num_batched_tokens=mnbt, missed=0
+    )
+    bare = summarize(before, after, (), max_num_seqs=mns, max_num_batched_tokens=mnbt, missed=mid)
     return full, bare
 
 
-def kinds(pair: tuple[LevelTelemetry, LevelTelemetry], mns: int = 64,
-          mnbt: int = 2048) -> tuple[str, str]:
+def kinds(
+    pair: tuple[LevelTelemetry, LevelTelemetry], mns: int = 64, mnbt: int = 2048
+) -> tuple[str, str]:
     a, b = (diagnose(t, max_num_seqs=mns, max_num_batched_tokens=mnbt) for t in pair)
     return a.kind, b.kind
 
@@ -196,7 +233,12 @@ def test_summary_deltas_and_gauges() -> None:
     use = full.budget_use()
     assert use is not None and use.near_fraction == pytest.approx(200 / 201)
     assert use.near_min_tokens == 1024  # the bucket (1024, 2048] holds the budget: coarse
+    # the gauges and the preemption count over the level's time (one point per sample here)
+    assert full.series is not None and bare.series is None
+    assert full.series["t"] == [1.0, 2.0, 3.0, 4.0] and full.series["running"] == [10.0] * 4
+    assert full.series["preemptions"] == [5.0, 10.0, 15.0, 20.0]  # counted from the start
     d = full.to_dict()
+    assert d["series"] == dict(full.series)
     assert d["histograms"]["queue_time"]["quantiles_note"].startswith("server-side")
     assert set(d["histograms"]["ttft"]["coarse_quantiles"]) == {"p50", "p90", "p99"}
     json.dumps(d, allow_nan=False)
@@ -232,7 +274,8 @@ def test_memory_bound_from_sampled_kv_usage() -> None:
     pair = level(tokens=300, running=40, waiting=10, queue=1.0, kv=0.97)
     assert kinds(pair) == ("memory-bound", "concurrency-capped")  # samples lost: no KV view
     assert diagnose(pair[0], max_num_seqs=64, max_num_batched_tokens=2048).evidence[
-        "kv_usage_max"] == pytest.approx(0.97)
+        "kv_usage_max"
+    ] == pytest.approx(0.97)
 
 
 def test_token_budget_bound_with_and_without_samples() -> None:
@@ -275,8 +318,15 @@ def test_inconclusive_cases() -> None:
     assert kinds(few)[1] == "inconclusive"
     # before snapshot lost and no samples: nothing to go on
     full, _ = level(tokens=2048, running=8, waiting=9, queue=1.5)
-    lost = replace(full, has_deltas=False, counters={}, request_success={}, histograms={},
-                   gauges={}, saturated_fraction=None)
+    lost = replace(
+        full,
+        has_deltas=False,
+        counters={},
+        request_success={},
+        histograms={},
+        gauges={},
+        saturated_fraction=None,
+    )
     d = diagnose(lost, max_num_seqs=64, max_num_batched_tokens=2048)
     assert d.kind == "inconclusive" and "snapshot" in d.suggestion
     assert all(d.kind in KINDS for d in [d])
@@ -294,11 +344,14 @@ def test_diagnosis_is_json_ready() -> None:
 
 def test_write_sd_targets_atomically(tmp_path: Path) -> None:
     path = tmp_path / "autotune.json"
-    write_sd_targets(path, [("127.0.0.1:8001", {"trial": "7", "study": "s"}),
-                            ("[::1]:8002", {"trial": "8"})])
+    write_sd_targets(
+        path, [("127.0.0.1:8001", {"trial": "7", "study": "s"}), ("[::1]:8002", {"trial": "8"})]
+    )
     groups = json.loads(path.read_text())
-    assert groups == [{"targets": ["127.0.0.1:8001"], "labels": {"trial": "7", "study": "s"}},
-                      {"targets": ["[::1]:8002"], "labels": {"trial": "8"}}]
+    assert groups == [
+        {"targets": ["127.0.0.1:8001"], "labels": {"trial": "7", "study": "s"}},
+        {"targets": ["[::1]:8002"], "labels": {"trial": "8"}},
+    ]
     write_sd_targets(path, [])
     assert json.loads(path.read_text()) == []
     assert [p.name for p in tmp_path.iterdir()] == ["autotune.json"]  # no temp file left
@@ -310,24 +363,35 @@ def test_write_sd_targets_atomically(tmp_path: Path) -> None:
         write_sd_targets(tmp_path / "missing" / "t.json", [])
 
 
-def test_unreachable_prometheus_is_a_one_line_config_error() -> None:
+def test_unreachable_prometheus_is_a_one_line_service_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     prom = PrometheusTelemetry(f"http://127.0.0.1:{port}", timeout_s=2.0)
-    with pytest.raises(ConfigError, match=r"^Prometheus at http://127\.0\.0\.1:\d+: ") as err:
+    with pytest.raises(ServiceError, match=r"^Prometheus at http://127\.0\.0\.1:\d+: ") as err:
         prom.check()
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["autotune.telemetry", "autotune.telemetry.scrape",
-                                  "autotune.telemetry.stats", "autotune.telemetry.summary",
-                                  "autotune.telemetry.diagnosis",
-                                  "autotune.telemetry.prometheus"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "autotune.telemetry",
+        "autotune.telemetry.scrape",
+        "autotune.telemetry.stats",
+        "autotune.telemetry.summary",
+        "autotune.telemetry.diagnosis",
+        "autotune.telemetry.prometheus",
+    ],
+)
 def test_public_names(name: str) -> None:
     module = importlib.import_module(name)
     assert all(hasattr(module, n) for n in module.__all__)
-    defined = {n for n, obj in vars(module).items() if not n.startswith("_")
-               and (inspect.isclass(obj) or inspect.isfunction(obj))
-               and obj.__module__ == module.__name__}
+    defined = {
+        n
+        for n, obj in vars(module).items()
+        if not n.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and obj.__module__ == module.__name__
+    }
     assert defined <= set(module.__all__)

@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestServer
 from conftest import need_service
 from helpers import free_port
 
-from autotune.errors import ConfigError
+from autotune.errors import ServiceError
 from autotune.loadgen import run_load
 from autotune.telemetry import (
     LevelTelemetry,
@@ -43,17 +43,20 @@ pytestmark = pytest.mark.prometheus
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 INTERVAL = 0.5  # Prometheus's scrape interval and the direct scraper's
 MNS, MNBT = 8, 8192
-OLD_NAMES = {"vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc",
-             "vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds",
-             "vllm:prefix_cache_queries": "vllm:gpu_prefix_cache_queries",
-             "vllm:prefix_cache_hits": "vllm:gpu_prefix_cache_hits"}
+OLD_NAMES = {
+    "vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc",
+    "vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds",
+    "vllm:prefix_cache_queries": "vllm:gpu_prefix_cache_queries",
+    "vllm:prefix_cache_hits": "vllm:gpu_prefix_cache_hits",
+}
 
 
 @pytest.fixture
 def prometheus_bin() -> str:
     path = shutil.which("prometheus")
-    need_service("prometheus", path is not None,
-                 "no prometheus binary on PATH (apt-get install prometheus)")
+    need_service(
+        "prometheus", path is not None, "no prometheus binary on PATH (apt-get install prometheus)"
+    )
     assert path is not None
     return path
 
@@ -76,9 +79,17 @@ scrape_configs:
     port = free_port()
     log = (tmp_path / "prometheus.log").open("w")
     proc = subprocess.Popen(
-        [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            prometheus_bin,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, tmp_path / "prometheus.log")
@@ -93,8 +104,7 @@ scrape_configs:
         log.close()
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path,
-               timeout_s: float = 20.0) -> None:
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -109,8 +119,14 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path,
 
 @pytest.fixture
 async def worker(tmp_path: Path) -> AsyncIterator[str]:
-    w = SimWorker(model=MODEL, hardware="H100-80GB", workdir=tmp_path / "workers",
-                  time_scale=1.0, sim_startup_delay=0.0, startup_timeout_s=30)
+    w = SimWorker(
+        model=MODEL,
+        hardware="H100-80GB",
+        workdir=tmp_path / "workers",
+        time_scale=1.0,
+        sim_startup_delay=0.0,
+        startup_timeout_s=30,
+    )
     info = await w.start({"max_model_len": 2048, "max_num_seqs": MNS}, "t1")
     try:
         yield info.base_url
@@ -122,6 +138,7 @@ async def worker(tmp_path: Path) -> AsyncIterator[str]:
 async def old_names_proxy(worker: str) -> AsyncIterator[str]:
     """The worker's page under pre-0.11 names (as vLLM 0.8-0.10 exposed them)."""
     async with aiohttp.ClientSession() as session:
+
         async def metrics(_r: web.Request) -> web.Response:
             async with session.get(worker + "/metrics") as resp:
                 text = await resp.text()
@@ -150,18 +167,28 @@ def assert_agree(direct: LevelTelemetry, prom: LevelTelemetry) -> None:
 
 
 async def test_prometheus_mode_agrees_with_direct_scraping(
-        prometheus: tuple[str, Path], worker: str, old_names_proxy: str) -> None:
+    prometheus: tuple[str, Path], worker: str, old_names_proxy: str
+) -> None:
     url, sd = prometheus
-    write_sd_targets(sd / "autotune.json", [(worker.removeprefix("http://"), {"trial": "t1"}),
-                                            (old_names_proxy, {"trial": "t1-old"})])
+    write_sd_targets(
+        sd / "autotune.json",
+        [(worker.removeprefix("http://"), {"trial": "t1"}), (old_names_proxy, {"trial": "t1-old"})],
+    )
     prom = PrometheusTelemetry(url, scrape_interval_s=INTERVAL)
     await asyncio.to_thread(prom.check)
     for trial in ("t1", "t1-old"):  # file_sd updates reach the scrape loop within ~5 s
         await asyncio.to_thread(prom.wait_for_sample, trial, time.time(), 30.0)
 
     # 48 requests against max_num_seqs=8: a concurrency cap for ~5 s
-    requests = [WorkloadRequest(prompt_len=200, output_len=100, request_id=f"r{i}",
-                                prompt_token_ids=tuple(range(i + 1, i + 201))) for i in range(48)]
+    requests = [
+        WorkloadRequest(
+            prompt_len=200,
+            output_len=100,
+            request_id=f"r{i}",
+            prompt_token_ids=tuple(range(i + 1, i + 201)),
+        )
+        for i in range(48)
+    ]
     scraper = Scraper(worker + "/metrics", interval_s=INTERVAL)
     before = await scraper.start()
     result = await run_load(worker, requests, model=MODEL)
@@ -173,8 +200,9 @@ async def test_prometheus_mode_agrees_with_direct_scraping(
         await asyncio.to_thread(prom.wait_for_sample, trial, level.after.t, 10.0)
 
     direct = from_scrape(level, max_num_seqs=MNS, max_num_batched_tokens=MNBT)
-    via_prom = await asyncio.to_thread(prom.level, "t1", before.t, level.after.t,
-                                       max_num_seqs=MNS, max_num_batched_tokens=MNBT)
+    via_prom = await asyncio.to_thread(
+        prom.level, "t1", before.t, level.after.t, max_num_seqs=MNS, max_num_batched_tokens=MNBT
+    )
     assert via_prom.source == "prometheus" and direct.counters["generation_tokens"] == 4800
     assert_agree(direct, via_prom)
     assert via_prom.request_success["length"] == pytest.approx(48, rel=1e-3)
@@ -185,17 +213,18 @@ async def test_prometheus_mode_agrees_with_direct_scraping(
         assert abs(via_prom.gauges[key].max - direct.gauges[key].max) <= step + 1e-9, key
     assert via_prom.gauges["running"].max == direct.gauges["running"].max == MNS
     assert via_prom.cache_config is not None and "num_gpu_blocks" in via_prom.cache_config
-    kinds = {diagnose(t, max_num_seqs=MNS, max_num_batched_tokens=MNBT).kind
-             for t in (direct, via_prom)}
+    kinds = {
+        diagnose(t, max_num_seqs=MNS, max_num_batched_tokens=MNBT).kind for t in (direct, via_prom)
+    }
     assert kinds == {"concurrency-capped"}
 
     # The same traffic under the older names: the aliases find every family.
-    old = await asyncio.to_thread(prom.level, "t1-old", before.t, level.after.t,
-                                  max_num_seqs=MNS, max_num_batched_tokens=MNBT)
+    old = await asyncio.to_thread(
+        prom.level, "t1-old", before.t, level.after.t, max_num_seqs=MNS, max_num_batched_tokens=MNBT
+    )
     assert_agree(direct, old)
     assert "kv_usage" in old.gauges and "itl" in old.histograms
     assert "prefix_cache_queries" in old.counters
 
-    with pytest.raises(ConfigError, match="no scrape of trial 'nobody'"):
+    with pytest.raises(ServiceError, match="no scrape of trial 'nobody'"):
         await asyncio.to_thread(prom.wait_for_sample, "nobody", 0.0, 0.5)
-

@@ -33,19 +33,22 @@ HW = "H100-80GB"
 # engine args, workload -> the class they cause
 SCENARIOS: dict[str, tuple[EngineArgs, list[SimRequest]]] = {
     # 4 sequences at a time against 20 requests/s of short requests
-    "concurrency-capped": (EngineArgs(max_model_len=4096, max_num_seqs=4),
-                           lognormal_requests(100, 200, 100, seed=1, rate=20)),
+    "concurrency-capped": (
+        EngineArgs(max_model_len=4096, max_num_seqs=4),
+        lognormal_requests(100, 200, 100, seed=1, rate=20),
+    ),
     # 256 tokens per step against ~3 000-token prompts
-    "token-budget-bound": (EngineArgs(max_model_len=8192, max_num_seqs=128,
-                                      max_num_batched_tokens=256),
-                           lognormal_requests(60, 3000, 50, seed=1, rate=20, max_prompt=6000)),
+    "token-budget-bound": (
+        EngineArgs(max_model_len=8192, max_num_seqs=128, max_num_batched_tokens=256),
+        lognormal_requests(60, 3000, 50, seed=1, rate=20, max_prompt=6000),
+    ),
     # 512 MiB of KV (4 096 tokens) against 60 requests growing to ~1 200 outputs each
-    "memory-bound": (EngineArgs(max_model_len=2048, kv_cache_memory_bytes=512 * 2**20),
-                     lognormal_requests(60, 100, 1200, seed=1, max_prompt=140,
-                                        max_output=1900)),
+    "memory-bound": (
+        EngineArgs(max_model_len=2048, kv_cache_memory_bytes=512 * 2**20),
+        lognormal_requests(60, 100, 1200, seed=1, max_prompt=140, max_output=1900),
+    ),
     # vLLM's defaults at 2 requests/s
-    "headroom": (EngineArgs(max_model_len=4096), lognormal_requests(100, 300, 100, seed=1,
-                                                                    rate=2)),
+    "headroom": (EngineArgs(max_model_len=4096), lognormal_requests(100, 300, 100, seed=1, rate=2)),
 }
 
 
@@ -64,8 +67,12 @@ def test_class_reproduced_on_sim_timeline(expected: str) -> None:
     if expected != "memory-bound":
         # The deltas alone (every mid-level sample lost) reach the same verdict.
         bare = replace(tel, gauges={}, saturated_fraction=None, samples=0)
-        assert diagnose(bare, max_num_seqs=a.max_num_seqs,
-                        max_num_batched_tokens=a.max_num_batched_tokens).kind == expected
+        assert (
+            diagnose(
+                bare, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens
+            ).kind
+            == expected
+        )
 
 
 def test_sim_timeline_window_slices_a_level() -> None:
@@ -90,21 +97,27 @@ def test_sim_timeline_window_slices_a_level() -> None:
 async def budget_server() -> AsyncIterator[tuple[str, SimServer]]:
     args = EngineArgs(max_model_len=8192, max_num_seqs=128, max_num_batched_tokens=256)
     eng = Engine(get_model(MODEL), get_hardware(HW), args, seed=0, keep_history=False)
-    sim = SimServer(eng, served_model_name=MODEL, model_path=MODEL, time_scale=10.0,
-                    stats_interval=0)
+    sim = SimServer(
+        eng, served_model_name=MODEL, model_path=MODEL, time_scale=10.0, stats_interval=0
+    )
     async with TestServer(sim.app(), host="127.0.0.1") as server:
         yield str(server.make_url("")).rstrip("/"), sim
 
 
 def long_prompts(n: int, seed: int = 0) -> list[WorkloadRequest]:
     rng = random.Random(seed)  # distinct prompts: no prefix-cache hits shorten prefill
-    return [WorkloadRequest(prompt_len=(p := rng.randint(2500, 3500)), output_len=10,
-                            prompt_token_ids=tuple(rng.randrange(1, 100_000) for _ in range(p)),
-                            request_id=f"r{i}") for i in range(n)]
+    return [
+        WorkloadRequest(
+            prompt_len=(p := rng.randint(2500, 3500)),
+            output_len=10,
+            prompt_token_ids=tuple(rng.randrange(1, 100_000) for _ in range(p)),
+            request_id=f"r{i}",
+        )
+        for i in range(n)
+    ]
 
 
-async def test_token_budget_bound_through_http_server(
-        budget_server: tuple[str, SimServer]) -> None:
+async def test_token_budget_bound_through_http_server(budget_server: tuple[str, SimServer]) -> None:
     url, _ = budget_server
     async with Scraper(url + "/metrics", interval_s=0.05, timeout_s=1.0) as scraper:
         result = await run_load(url, long_prompts(40), model=MODEL, time_scale=10.0)
@@ -145,9 +158,17 @@ async def test_stalled_scrapes_are_counted_and_deltas_survive() -> None:
         assert await scraper.start() is not None
         state["stall"] = True
         # what the engine would have exported: preemptions under a too-small KV cache
-        sim.metrics.observe_step(iteration_tokens=40, prompt_tokens=0, generation_tokens=40,
-                                 running=40, waiting=20, kv_usage=1.0, preemptions=5,
-                                 prefix_queries=0, prefix_hits=0)
+        sim.metrics.observe_step(
+            iteration_tokens=40,
+            prompt_tokens=0,
+            generation_tokens=40,
+            running=40,
+            waiting=20,
+            kv_usage=1.0,
+            preemptions=5,
+            prefix_queries=0,
+            prefix_hits=0,
+        )
         await asyncio.sleep(0.5)
         state["stall"] = False
         level = await scraper.stop()
@@ -156,8 +177,7 @@ async def test_stalled_scrapes_are_counted_and_deltas_survive() -> None:
         tel = from_scrape(level, max_num_seqs=1024, max_num_batched_tokens=8192)
         assert tel.missed_scrapes == level.stats.missed
         assert tel.counters["preemptions"] == 5
-        assert diagnose(tel, max_num_seqs=1024, max_num_batched_tokens=8192).kind == \
-            "memory-bound"
+        assert diagnose(tel, max_num_seqs=1024, max_num_batched_tokens=8192).kind == "memory-bound"
         async with aiohttp.ClientSession() as session:
             stats = ScrapeStats()
             assert await scrape(session, url.replace("/metrics", "/nope"), 1.0, stats) is None

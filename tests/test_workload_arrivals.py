@@ -76,26 +76,41 @@ def test_trace_rate_scaling_halves_gaps_at_2x() -> None:
     ts = [10.0, 10.0, 11.0, 14.0, 20.0]
     base = arrivals.scale_trace(ts)
     np.testing.assert_allclose(base, [0.0, 0.0, 1.0, 4.0, 10.0])
-    np.testing.assert_allclose(np.diff(arrivals.scale_trace(ts, rate_scale=2.0)),
-                               np.diff(base) / 2)
+    np.testing.assert_allclose(np.diff(arrivals.scale_trace(ts, rate_scale=2.0)), np.diff(base) / 2)
     np.testing.assert_allclose(arrivals.scale_trace(ts, time_scale=2.0), base * 2)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: arrivals.poisson(10, 0.0),
-    lambda: arrivals.poisson(10, -1.0),
-    lambda: arrivals.gamma(10, math.nan, 1.0),
-    lambda: arrivals.gamma(10, 1.0, 0.0),
-    lambda: arrivals.constant(10, 0.0),
-    lambda: arrivals.constant(10, math.inf),
-    lambda: arrivals.ramp(10, 0.0, 5.0),
-    lambda: arrivals.ramp(10, 1.0, -5.0),
-    lambda: arrivals.scale_trace([0.0, 1.0], rate_scale=0.0),
-    lambda: arrivals.scale_trace([0.0, 1.0], time_scale=-2.0),
-    lambda: arrivals.scale_trace([1.0, 0.5]),
-    lambda: arrivals.poisson(-1, 1.0),
-], ids=["poisson-0", "poisson-neg", "gamma-nan", "burstiness-0", "constant-0", "constant-inf",
-        "ramp-start-0", "ramp-end-neg", "rate-scale-0", "time-scale-neg", "unsorted", "n-neg"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: arrivals.poisson(10, 0.0),
+        lambda: arrivals.poisson(10, -1.0),
+        lambda: arrivals.gamma(10, math.nan, 1.0),
+        lambda: arrivals.gamma(10, 1.0, 0.0),
+        lambda: arrivals.constant(10, 0.0),
+        lambda: arrivals.constant(10, math.inf),
+        lambda: arrivals.ramp(10, 0.0, 5.0),
+        lambda: arrivals.ramp(10, 1.0, -5.0),
+        lambda: arrivals.scale_trace([0.0, 1.0], rate_scale=0.0),
+        lambda: arrivals.scale_trace([0.0, 1.0], time_scale=-2.0),
+        lambda: arrivals.scale_trace([1.0, 0.5]),
+        lambda: arrivals.poisson(-1, 1.0),
+    ],
+    ids=[
+        "poisson-0",
+        "poisson-neg",
+        "gamma-nan",
+        "burstiness-0",
+        "constant-0",
+        "constant-inf",
+        "ramp-start-0",
+        "ramp-end-neg",
+        "rate-scale-0",
+        "time-scale-neg",
+        "unsorted",
+        "n-neg",
+    ],
+)
 def test_non_positive_rates_are_config_errors(call: object) -> None:
     with pytest.raises(ConfigError, match="arrivals: "):
         call()  # type: ignore[operator]

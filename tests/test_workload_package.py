@@ -7,9 +7,15 @@ import inspect
 
 import pytest
 
-MODULES = ("autotune.workload", "autotune.workload.core", "autotune.workload.arrivals",
-           "autotune.workload.profile", "autotune.workload.sources", "autotune.workload.text",
-           "autotune.workload.traces")
+MODULES = (
+    "autotune.workload",
+    "autotune.workload.core",
+    "autotune.workload.arrivals",
+    "autotune.workload.profile",
+    "autotune.workload.sources",
+    "autotune.workload.text",
+    "autotune.workload.traces",
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -18,9 +24,13 @@ def test_all_is_complete_and_exists(name: str) -> None:
     assert module.__doc__
     assert [n for n in module.__all__ if not hasattr(module, n)] == []
     assert len(set(module.__all__)) == len(module.__all__)
-    defined = {n for n, obj in vars(module).items()
-               if not n.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
-               and obj.__module__ == module.__name__}
+    defined = {
+        n
+        for n, obj in vars(module).items()
+        if not n.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and obj.__module__ == module.__name__
+    }
     assert defined - set(module.__all__) == set()
 
 

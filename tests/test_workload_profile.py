@@ -26,8 +26,10 @@ w = Workload(a.requests + [r for r in b.requests], "mixed").with_arrivals(
 def hand_workload() -> Workload:
     prompts, outputs = [10, 20, 30, 40, 1000], [5, 5, 5, 5, 50]
     times = [0.0, 0.5, 0.9, 5.0, 20.0]
-    reqs = [WorkloadRequest(p, o, arrival=t, request_id=str(i))
-            for i, (p, o, t) in enumerate(zip(prompts, outputs, times, strict=True))]
+    reqs = [
+        WorkloadRequest(p, o, arrival=t, request_id=str(i))
+        for i, (p, o, t) in enumerate(zip(prompts, outputs, times, strict=True))
+    ]
     return Workload(reqs, "hand")
 
 
@@ -66,8 +68,13 @@ def test_fingerprint_is_stable_across_processes() -> None:
     exec(BUILD, scope)  # the very script the subprocess runs
     here = scope["w"].fingerprint()  # type: ignore[attr-defined]
     env = {**os.environ, "PYTHONHASHSEED": "12345"}  # a different str hash() salt
-    out = subprocess.run([sys.executable, "-c", BUILD + "print(w.fingerprint())"],
-                         capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD + "print(w.fingerprint())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
     assert out.stdout.strip() == here
     assert len(here) == 64 and int(here, 16) >= 0
 
@@ -90,5 +97,7 @@ def test_fingerprint_changes_with_what_the_server_sees_only() -> None:
     assert Workload(list(w.requests), "elsewhere/path").fingerprint() == base
     assert w.closed_loop(2).fingerprint() != w.closed_loop(3).fingerprint()
     ids = WorkloadRequest(3, 1, prompt_token_ids=(20, 21, 22), request_id="t")
-    assert (Workload([ids], "").fingerprint()
-            != Workload([replace(ids, prompt_token_ids=(20, 21, 23))], "").fingerprint())
+    assert (
+        Workload([ids], "").fingerprint()
+        != Workload([replace(ids, prompt_token_ids=(20, 21, 23))], "").fingerprint()
+    )

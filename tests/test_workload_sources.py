@@ -38,8 +38,13 @@ def words(n: int) -> str:
 
 def conv(prompt_tokens: int, output_tokens: int, tag: str = "") -> dict[str, object]:
     prompt = (tag + " " + words(prompt_tokens - 1)).strip() if tag else words(prompt_tokens)
-    return {"id": tag, "conversations": [{"from": "human", "value": prompt},
-                                         {"from": "gpt", "value": words(output_tokens)}]}
+    return {
+        "id": tag,
+        "conversations": [
+            {"from": "human", "value": prompt},
+            {"from": "gpt", "value": words(output_tokens)},
+        ],
+    }
 
 
 def write_sharegpt(tmp_path: Path, entries: list[object]) -> Path:
@@ -114,8 +119,9 @@ def test_sharegpt_uses_a_given_token_counter(tmp_path: Path) -> None:
     assert w.requests[0].prompt_len == len(str(w.requests[0].prompt_text)) // 2 + 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None,
-                    reason="transformers is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is not None, reason="transformers is installed"
+)
 def test_hf_tokenizer_is_optional() -> None:
     with pytest.raises(ConfigError, match="transformers package is not installed"):
         hf_token_counter("meta-llama/Llama-3.1-8B-Instruct")
@@ -168,8 +174,10 @@ def test_synthetic_distributions_are_seeded_and_shaped() -> None:
     f = synthetic_workload(3, Fixed(7), Empirical((5, 6)), seed=0)
     assert {r.prompt_len for r in f.requests} == {7}
     assert {r.output_len for r in f.requests} <= {5, 6}
-    assert LogNormal(mean=50, sigma=2.0, low=4, high=60).sample(np.random.default_rng(0),
-                                                                1000).max() <= 60
+    assert (
+        LogNormal(mean=50, sigma=2.0, low=4, high=60).sample(np.random.default_rng(0), 1000).max()
+        <= 60
+    )
 
 
 def test_sharegpt_like_profile_passes_the_filter_with_sharegpt_scale_means() -> None:

@@ -29,8 +29,10 @@ def test_mooncake_rows_timestamps_and_lengths(tmp_path: Path) -> None:
     assert [r.prompt_len for r in w.requests] == [1200, 1100, 300, 2000]
     assert [r.output_len for r in w.requests] == [10, 20, 30, 40]
     np.testing.assert_allclose(w.arrivals(), [0.0, 0.0, 3.0, 5.999])  # type: ignore[arg-type]
-    assert all(r.prompt_token_ids is not None and len(r.prompt_token_ids) == r.prompt_len
-               for r in w.requests)
+    assert all(
+        r.prompt_token_ids is not None and len(r.prompt_token_ids) == r.prompt_len
+        for r in w.requests
+    )
 
 
 def test_mooncake_hash_ids_give_shared_512_token_prefixes(tmp_path: Path) -> None:
@@ -39,7 +41,7 @@ def test_mooncake_hash_ids_give_shared_512_token_prefixes(tmp_path: Path) -> Non
     assert a is not None and b is not None and c is not None and d is not None
     bs = MOONCAKE_BLOCK_SIZE
     assert a[: 2 * bs] == b[: 2 * bs]  # hash ids 0, 1 shared
-    assert a[2 * bs] != b[2 * bs] or a[2 * bs: 2 * bs + 16] != b[2 * bs: 2 * bs + 16]
+    assert a[2 * bs] != b[2 * bs] or a[2 * bs : 2 * bs + 16] != b[2 * bs : 2 * bs + 16]
     assert a[:bs] == d[:bs]  # hash id 0 again, two rows later
     assert d[bs:] != a[bs:1100]  # too few hash ids: a request-unique tail, no fake sharing
     assert c[:16] != a[:16]
@@ -86,8 +88,12 @@ def test_azure_keeps_all_seven_fractional_digits(tmp_path: Path) -> None:
 def test_generic_csv_with_a_column_mapping(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("ts_ms,in,out,blocks,extra\n1000,20,5,1 2,x\n1500,30,6,1;3,y\n3000,8,7,,z\n")
-    cols = {"timestamp": "ts_ms", "input_length": "in", "output_length": "out",
-            "hash_ids": "blocks"}
+    cols = {
+        "timestamp": "ts_ms",
+        "input_length": "in",
+        "output_length": "out",
+        "hash_ids": "blocks",
+    }
     w = load_trace(path, cols, time_unit_s=0.001, block_size=4)
     np.testing.assert_allclose(w.arrivals(), [0.0, 0.5, 2.0])  # type: ignore[arg-type]
     a, b, c = (r.prompt_token_ids for r in w.requests)
@@ -98,10 +104,13 @@ def test_generic_csv_with_a_column_mapping(tmp_path: Path) -> None:
 
 
 def test_generic_jsonl_with_prompt_text_and_no_timestamps(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        {"q": "what time does the shop open", "n": 12},
-        {"q": "tell me a long story about a fish", "n": "30"},
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"q": "what time does the shop open", "n": 12},
+            {"q": "tell me a long story about a fish", "n": "30"},
+        ],
+    )
     w = load_trace(path, {"prompt": "q", "output_length": "n"})
     # approximate counter: ceil(len(word) / 4) per word ("story", "about": 2 each)
     assert [r.prompt_len for r in w.requests] == [6, 10]
@@ -111,9 +120,12 @@ def test_generic_jsonl_with_prompt_text_and_no_timestamps(tmp_path: Path) -> Non
 
 
 def test_generic_trace_reads_datetime_timestamps(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        {"t": "2024-05-10T00:00:59.5Z", "i": 5, "o": 5},
-        {"t": "2024-05-10T00:01:00.25Z", "i": 5, "o": 5},
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"t": "2024-05-10T00:00:59.5Z", "i": 5, "o": 5},
+            {"t": "2024-05-10T00:01:00.25Z", "i": 5, "o": 5},
+        ],
+    )
     w = load_trace(path, {"timestamp": "t", "input_length": "i", "output_length": "o"})
     np.testing.assert_allclose(w.arrivals(), [0.0, 0.75])  # type: ignore[arg-type]

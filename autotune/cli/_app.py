@@ -1,7 +1,8 @@
 """The typer apps and the output helpers every command module shares.
 
 Errors: library code raises :class:`~autotune.errors.AutotuneError` subclasses with messages
-written for users; :func:`main` turns them into one ``error: ...`` line and exit status 1.
+written for users; :func:`autotune.cli.main` turns them into one ``error: ...`` line and the
+class's exit status.
 Anything else is a bug and keeps its traceback.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -38,27 +40,42 @@ app.add_typer(sim_app, name="sim")
 
 # Piped output (files, CI logs, tests) has no terminal width; rich would then wrap tables at
 # 80 columns and split long model names across lines. Tables only take the width they need.
+# $COLUMNS, when set, wins either way (rich reads it).
 _PIPE_WIDTH = 200
 
 
 def console() -> Console:
-    return Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH)
+    tty = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
+    return Console(width=None if tty else _PIPE_WIDTH)
 
 
 def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from autotune import __version__
+
+        print(f"autotune {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print autotune's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
     log_level: Annotated[
         str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR or CRITICAL.")
     ] = "WARNING",
-    log_json: Annotated[
-        bool, typer.Option("--log-json", help="Log JSON lines to stderr.")
-    ] = False,
+    log_json: Annotated[bool, typer.Option("--log-json", help="Log JSON lines to stderr.")] = False,
 ) -> None:
     # WARNING by default: stdout is the product; INFO shows vLLM-style startup log lines.
     setup_logging(log_level, json=log_json)
-
-

@@ -51,15 +51,30 @@ def _sim_hardware(
         _print_json(rows)
         return
     table = Table(title="Built-in GPU profiles (memory as the CUDA runtime reports it)")
-    for col in ("name", "memory GiB", "bf16 TFLOP/s", "HBM TB/s", "eta_bw", "eta_f",
-                "default max_num_seqs", "default max_num_batched_tokens", "uncertain"):
-        table.add_column(col, justify="left" if col in ("name", "uncertain") else "right",
-                         no_wrap=col == "name")
+    for col in (
+        "name",
+        "memory GiB",
+        "bf16 TFLOP/s",
+        "HBM TB/s",
+        "eta_bw",
+        "eta_f",
+        "default max_num_seqs",
+        "default max_num_batched_tokens",
+        "uncertain",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("name", "uncertain") else "right", no_wrap=col == "name"
+        )
     for r in rows:
         table.add_row(
-            r["name"], f"{r['memory_gib']:.2f}", f"{r['peak_bf16_tflops']:.0f}",
-            f"{r['hbm_tb_s']:.3g}", f"{r['eta_bw']:.2f}", f"{r['eta_f']:.2f}",
-            str(r["vllm_default_max_num_seqs"]), str(r["vllm_default_max_num_batched_tokens"]),
+            r["name"],
+            f"{r['memory_gib']:.2f}",
+            f"{r['peak_bf16_tflops']:.0f}",
+            f"{r['hbm_tb_s']:.3g}",
+            f"{r['eta_bw']:.2f}",
+            f"{r['eta_f']:.2f}",
+            str(r["vllm_default_max_num_seqs"]),
+            str(r["vllm_default_max_num_batched_tokens"]),
             r["uncertain"],
         )
     _console().print(table)
@@ -92,14 +107,30 @@ def _sim_models(
         _print_json(rows)
         return
     table = Table(title="Built-in model profiles")
-    for col in ("name", "params B", "layers", "hidden", "heads q/kv", "head_dim", "vocab",
-                "max positions", "weights GiB bf16", "KV KiB/token"):
+    for col in (
+        "name",
+        "params B",
+        "layers",
+        "hidden",
+        "heads q/kv",
+        "head_dim",
+        "vocab",
+        "max positions",
+        "weights GiB bf16",
+        "KV KiB/token",
+    ):
         table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for r in rows:
         table.add_row(
-            r["name"], _small(r["params_b"]), str(r["num_layers"]), str(r["hidden_size"]),
-            f"{r['num_heads']}/{r['num_kv_heads']}", str(r["head_dim"]), str(r["vocab_size"]),
-            str(r["max_position_embeddings"]), _small(r["weights_gib"]),
+            r["name"],
+            _small(r["params_b"]),
+            str(r["num_layers"]),
+            str(r["hidden_size"]),
+            f"{r['num_heads']}/{r['num_kv_heads']}",
+            str(r["head_dim"]),
+            str(r["vocab_size"]),
+            str(r["max_position_embeddings"]),
+            _small(r["weights_gib"]),
             f"{r['kv_kib_per_token']:g}",
         )
     _console().print(table)
@@ -130,8 +161,9 @@ _SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _print_run(result: SimResult, model: ModelProfile, hw: HardwareProfile,
-               engine_args: EngineArgs) -> None:
+def _print_run(
+    result: SimResult, model: ModelProfile, hw: HardwareProfile, engine_args: EngineArgs
+) -> None:
     resolved = engine_args.resolve(model, hw)
     mem = result.memory
     console = _console()
@@ -173,8 +205,9 @@ def _sim_run(
         typer.Option(min=0.0, help="Poisson arrivals, req/s; omitted or 0 = all at t=0."),
     ] = None,
     seed: int = 0,
-    jitter_cv: Annotated[float, typer.Option(min=0.0, help="Step-time noise, coefficient "
-                                             "of variation.")] = 0.015,
+    jitter_cv: Annotated[
+        float, typer.Option(min=0.0, help="Step-time noise, coefficient of variation.")
+    ] = 0.015,
     # vLLM's own flags: passed through unchecked, so bad values fail the way vLLM fails.
     max_model_len: int | None = None,
     gpu_memory_utilization: float | None = None,
@@ -204,8 +237,9 @@ def _sim_run(
         enable_prefix_caching=enable_prefix_caching,
         tensor_parallel_size=tensor_parallel_size,
     )
-    requests = lognormal_requests(num_requests, prompt_mean, output_mean, seed=seed,
-                                  rate=rate if rate else None)
+    requests = lognormal_requests(
+        num_requests, prompt_mean, output_mean, seed=seed, rate=rate if rate else None
+    )
     try:
         result = simulate(model, hw, engine_args, requests, seed=seed, jitter_cv=jitter_cv)
     except SimStartupError as exc:
@@ -216,17 +250,19 @@ def _sim_run(
     for line in result.memory.log_lines:
         log.info("%s", line)
     if as_json:
-        _print_json({
-            "model": model.name,
-            "hardware": hw.name,
-            "engine_args": engine_args.resolve(model, hw).as_dict(),
-            "kv_cache": {
-                "kv_tokens": result.memory.kv_tokens,
-                "num_blocks": result.memory.num_blocks,
-                "max_concurrency": result.memory.max_concurrency,
-            },
-            "summary": result.summary(),
-        })
+        _print_json(
+            {
+                "model": model.name,
+                "hardware": hw.name,
+                "engine_args": engine_args.resolve(model, hw).as_dict(),
+                "kv_cache": {
+                    "kv_tokens": result.memory.kv_tokens,
+                    "num_blocks": result.memory.num_blocks,
+                    "max_concurrency": result.memory.max_concurrency,
+                },
+                "summary": result.summary(),
+            }
+        )
         return
     _print_run(result, model, hw, engine_args)
 
@@ -236,8 +272,11 @@ def _sim_run(
 
 @sim_app.command(
     "serve",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                      "help_option_names": []},
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
     add_help_option=False,
 )
 def _sim_serve(ctx: typer.Context) -> None:
@@ -247,5 +286,3 @@ def _sim_serve(ctx: typer.Context) -> None:
     from autotune.sim.serve import main as serve_main
 
     raise typer.Exit(serve_main(list(ctx.args)))
-
-

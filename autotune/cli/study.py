@@ -3,37 +3,70 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autotune.cli._app import app, console
-from autotune.config import load_config
-from autotune.errors import ConfigError, StorageError
+from autotune import preflight, sizing
+from autotune.cli._app import app, console, print_json
+from autotune.config import parse_config, read_config_text, source_map
+from autotune.errors import ConfigError, NotFoundError, StorageError
 from autotune.report.recommend import (
+    best_json,
+    capacity_rps,
     export_csv,
     export_json,
     format_recommendation,
+    no_feasible_reason,
     recommend,
-    trial_rows,
+    why_infeasible,
 )
-from autotune.store import Store
+from autotune.report.tables import list_json, list_table, show_json, show_rows, show_table
+from autotune.store import NoDatabaseError, Store, StudyRecord, resolve_url
 from autotune.store.db import ENV_VAR
-from autotune.tuning.controller import config_yaml_of, create_study, load_study_config, run_study
+from autotune.tuning.controller import create_study, load_study_config, run_study
+from autotune.tuning.interval import summary_of
+from autotune.tuning.lanes import parse_devices, plan_lanes
+from autotune.tuning.status import study_plan, study_status
+from autotune.tuning.stopping import Interrupted
 
-__all__ = ["best", "create", "delete", "export", "list_cmd", "run_cmd", "show", "upgrade"]
+__all__ = [
+    "JsonOpt",
+    "StorageOpt",
+    "best",
+    "create",
+    "delete",
+    "export",
+    "list_cmd",
+    "need_study",
+    "open_store",
+    "run_cmd",
+    "show",
+    "status",
+    "study_store",
+    "upgrade",
+]
 
 study_app = typer.Typer(help="Create, run and inspect tuning studies.", no_args_is_help=True)
 db_app = typer.Typer(help="The study database.", no_args_is_help=True)
 app.add_typer(study_app, name="study")
 app.add_typer(db_app, name="db")
 
-StorageOpt = Annotated[str | None, typer.Option(
-    "--storage", help=f"database URL (default: ${ENV_VAR}, the config's, or sqlite:///autotune.db)")]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--storage",
+        help=f"database URL (default: ${ENV_VAR}, the config's, or sqlite:///autotune.db)",
+    ),
+]
 
 
 def _quiet_optuna() -> None:
@@ -43,46 +76,194 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _open(storage: str | None, config_storage: str | None = None) -> Store:
+def _url(storage: str | None, config_storage: str | None = None) -> str | None:
+    """The database setting that applies (--storage, $AUTOTUNE_DATABASE_URL, the config's);
+    one that is not a URL is refused naming the setting it came from."""
+    url, origin = (
+        (storage, "--storage")
+        if storage
+        else (os.environ.get(ENV_VAR), f"${ENV_VAR}")
+        if os.environ.get(ENV_VAR)
+        else (config_storage, "the config's storage")
+        if config_storage
+        else (None, "")
+    )
+    try:
+        resolve_url(url)
+    except StorageError as exc:
+        raise StorageError(f"{origin}: {exc}") from exc
+    return url
+
+
+def open_store(
+    storage: str | None, config_storage: str | None = None, *, create: bool = True
+) -> Store:
+    """The study database; with ``create=False`` (every command but ``study create`` and
+    ``db upgrade``) never a new one: a SQLite file that does not exist is
+    :class:`NoDatabaseError`."""
     _quiet_optuna()
-    return Store.open(storage or os.environ.get(ENV_VAR) or config_storage)
+    return Store.open(_url(storage, config_storage), create=create)
 
 
-def _progress(total: int | None) -> Any:
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="print JSON (schema: docs/report.md#5-machine-readable-output)"),
+]
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)
+
+
+_N_TRIALS_HELP = "at most N trials (N >= 1)"
+
+GpusOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpus",
+        help="run trials in parallel on these devices, e.g. 0,1,2,3 (each trial gets its own "
+        "share as CUDA_VISIBLE_DEVICES; overrides worker.gpus)",
+    ),
+]
+GpusPerTrialOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-trial",
+        min=1,
+        help="with --gpus: devices per trial (default: the study's tensor_parallel_size, else 1)",
+    ),
+]
+
+
+def _check_gpus(gpus: str | None, per_trial: int | None) -> None:
+    """What the flags alone get wrong, as usage errors; what conflicts with the study's
+    config is found when the run loads it (autotune.tuning.lanes.plan_lanes)."""
+    if gpus is None:
+        if per_trial is not None:
+            raise typer.BadParameter("applies only with --gpus", param_hint="'--gpus-per-trial'")
+        return
+    try:
+        devices = parse_devices(gpus)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--gpus'") from None
+    if per_trial is not None and len(devices) % per_trial:
+        raise typer.BadParameter(
+            f"{per_trial} does not divide the {len(devices)} device(s) of --gpus {gpus}: "
+            "every trial gets exactly that many, so give a multiple of it",
+            param_hint="'--gpus-per-trial'",
+        )
+
+
+_FIELD = re.compile(r"[A-Za-z_]\w*(\[\d+\])?(\.[A-Za-z_]\w*(\[\d+\])?)*")
+
+
+def _located(exc: ConfigError, text: str, source: str) -> ConfigError:
+    """A create-time error naming a field (``search.max_model_len: ...``,
+    ``enqueue[0].max_model_len: ...``) with the file and line of that field prepended."""
+    msg = str(exc)
+    head = msg.split(": ", 1)[0]
+    if not _FIELD.fullmatch(head):
+        return exc  # not a field's message (a path, a file:line already)
+    path: list[str | int] = []
+    for part in head.replace("]", "").split("."):
+        name, _, idx = part.partition("[")
+        path.append(name)
+        if idx.isdigit():
+            path.append(int(idx))
+    return ConfigError(f"{source_map(text, source).where(tuple(path))}: {msg}")
+
+
+def _rate(rps: float | None) -> str:
+    return f" ({rps:,.2f} req/s)" if rps is not None else ""
+
+
+def _progress() -> Any:
+    """Progress lines. Trial numbers are Optuna's (0-based, as `study show` and `best` print
+    them); "k of n" counts complete trials against the plan."""
     out = console()
 
-    planned = [0]
-
     def on_event(kind: str, d: Any) -> None:
+        # a parallel run's lines name their trial and devices: the lanes' lines interleave
+        lane = f"trial {d.get('number')} on gpu {d['devices']}: " if "lane" in d else ""
         if kind == "run_start":
-            planned[0] = d["planned"]
-            out.print(f"plan: {d['planned']} trials ({d['done']} done)")
+            limit = f", stops after {d['timeout_s']:,.0f} s" if d.get("timeout_s") else ""
+            lanes = d.get("lanes")
+            par = f"; {len(lanes)} at a time on gpu {' | '.join(lanes)}" if lanes else ""
+            out.print(f"plan: {d['planned']} trials ({d['done']} done{limit}{par})")
+            for line in d.get("recovered") or ():  # what dead runs left, and how it was fixed
+                out.print(f"recovered: {escape(line)}")
+        elif kind == "waiting":  # other controllers run the rest of the stage
+            out.print(f"waiting: {escape(d['reason'])}")
+        elif kind == "trial_abandoned":
+            print(f"{d['line']}", file=sys.stderr)
         elif kind == "trial_start":
             ea = d["engine_args"]
-            of = f" of {planned[0]}" if planned[0] else ""
-            out.print(f"[bold]trial {d['number'] + 1}{of}[/bold] {escape('[' + d['stage'] + ']')} "
-                      f"max_model_len={ea['max_model_len']} "
-                      f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
-                      f"max_num_seqs={ea['max_num_seqs']} "
-                      f"max_num_batched_tokens={ea['max_num_batched_tokens']}")
-        elif kind == "level_progress" and out.is_terminal:  # live replay (HTTP workers)
+            pos = d.get("position")
+            of = f" ({pos[0]} of {pos[1]})" if pos else ""
+            on = f" on gpu {d['devices']}" if "lane" in d else ""
+            out.print(
+                f"[bold]trial {d['number']}{of}[/bold]{on} {escape('[' + d['stage'] + ']')} "
+                f"max_model_len={ea['max_model_len']} "
+                f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
+                f"max_num_seqs={ea['max_num_seqs']} "
+                f"max_num_batched_tokens={ea['max_num_batched_tokens']}"
+            )
+        elif kind == "level_progress" and out.is_terminal and not lane:  # live replay (HTTP)
             p99 = f"{d['p99_ttft_ms']:,.0f} ms" if d["p99_ttft_ms"] is not None else "-"
-            out.print(f"    load x{d['scale']:.2f}: sent {d['sent']}/{d['planned']}, completed "
-                      f"{d['completed']}, failed {d['failed']}, p99 TTFT so far {p99}",
-                      end="\r")
+            out.print(
+                f"    load x{d['scale']:.3f}: sent {d['sent']}/{d['planned']}, completed "
+                f"{d['completed']}, failed {d['failed']}, p99 TTFT so far {p99}",
+                end="\r",
+            )
         elif kind == "level_done":
             m = d["metrics"]
-            out.print(f"    load x{d['scale']:.2f}: {m.get('output_throughput', 0):,.0f} tok/s, "
-                      f"p99 TTFT {m.get('p99_ttft_ms') or 0:,.0f} ms, "
-                      f"p99 TPOT {m.get('p99_tpot_ms') or 0:,.1f} ms, "
-                      f"failed {m.get('failed', 0)} -> "
-                      f"{'ok' if d['feasible'] else 'violates SLO'}")
+            verdict = "ok" if d["feasible"] else escape("; ".join(d["violations"]) or "violates")
+            if stop := m.summary.get("early_stop"):  # docs/tuning.md#10-early-stop-inside-a-level
+                verdict += (
+                    f" (stopped early at request {stop['at_request']}/{stop['planned_requests']})"
+                )
+            out.print(
+                f"    {lane}load x{d['scale']:.3f}{_rate(d.get('offered_rate'))}: "
+                f"{m.output_throughput:,.0f} tok/s, "
+                f"p99 TTFT {m.p99_ttft_ms or 0:,.0f} ms, "
+                f"p99 TPOT {m.p99_tpot_ms or 0:,.1f} ms -> {verdict}"
+            )
         elif kind == "worker_failed":
-            out.print(f"    worker failed: {d['failure_class']}: {d['message']}")
+            out.print(f"    {lane}worker failed: {d['failure_class']}: {escape(d['message'])}")
+        elif kind == "worker_died":  # mid-level: the level stopped, its partial results kept
+            out.print(
+                f"    {lane}load x{d['scale']:.2f}: worker died ({d['failure_class']}): "
+                f"{escape(d['message'])}; level stopped, partial results kept"
+            )
+        elif kind == "validation_start":
+            out.print(
+                f"validation: re-measuring the top configs and the baseline on fresh workload "
+                f"samples ({d['pending']} of {d['planned']} runs to go)"
+            )
+        elif kind == "validation_run_done":
+            res = d["result"]
+            fig = (
+                f"x{res.capacity_scale:.3f}"
+                if d["mode"] == "slo-capacity" and res.capacity_scale is not None
+                else f"{res.objective:,.0f} tok/s"
+                if res.objective is not None
+                else "-"
+            )
+            verdict = "ok" if res.slo_held else escape("; ".join(res.violations) or "violates")
+            out.print(
+                f"  repeat {d['repeat']} trial {d['trial']} {escape('[' + d['role'] + ']')} "
+                f"({d['done']} of {d['planned']}): {fig} -> {verdict}"
+            )
         elif kind == "trial_done":
-            verdict = "feasible" if d["feasible"] else "infeasible"
-            out.print(f"  -> {d['objective']:,.1f} tok/s, {verdict}"
-                      + (f" ({d['failure_class']})" if d["failure_class"] else ""))
+            rec = d["record"]
+            if d["feasible"]:
+                cap = d.get("capacity_scale")
+                at = f" at x{cap:.3f}{_rate(capacity_rps(rec))}" if cap is not None else ""
+                out.print(f"  -> {lane}{d['objective']:,.1f} output tok/s{at}")
+            else:
+                why = why_infeasible(rec, d["mode"]) or "infeasible"
+                out.print(f"  -> {lane}infeasible: {escape(why)}")
+
     return on_event
 
 
@@ -91,30 +272,88 @@ def create(
     config: Annotated[Path, typer.Option("--config", help="study YAML")],
     storage: StorageOpt = None,
     run: Annotated[bool, typer.Option("--run", help="run the study right away")] = False,
-    n_trials: Annotated[int | None, typer.Option(help="with --run: at most N trials")] = None,
+    n_trials: Annotated[
+        int | None, typer.Option(min=1, help="with --run: " + _N_TRIALS_HELP)
+    ] = None,
+    allow_large_workload: Annotated[
+        bool,
+        typer.Option(
+            "--allow-large-workload",
+            help=f"create even when the workload's estimated memory exceeds "
+            f"{sizing.LIMIT_BYTES / 1e9:g} GB",
+        ),
+    ] = False,
+    gpus: GpusOpt = None,
+    gpus_per_trial: GpusPerTrialOpt = None,
 ) -> None:
-    """Create a study from a config file (and optionally run it)."""
-    cfg = load_config(config)
-    with _open(storage, cfg.storage) as store:
-        rec = create_study(cfg, config_yaml_of(config), store)
+    """Create a study from a config file (and optionally run it). Everything that can be
+    checked before a launch is checked first: the config, the worker's flags, secrets,
+    the workload's size; nothing is stored when a check fails."""
+    for flag, value in (("--n-trials N", n_trials), ("--gpus LIST", gpus)):
+        if value is not None and not run:
+            raise typer.BadParameter(
+                f"applies only with --run (or use `autotune study run NAME {flag}`)",
+                param_hint=f"'{flag.split()[0]}'",
+            )
+    _check_gpus(gpus, gpus_per_trial)
+    text = read_config_text(config)
+    cfg = parse_config(text, str(config))
+    if gpus is not None:
+        plan_lanes(gpus, gpus_per_trial, cfg)  # before anything is stored
+    for line in preflight.check(cfg, text, str(config)):
+        _warn(line)
+    size = preflight.check_size(cfg, text, str(config), allow=allow_large_workload)
+    if size is not None:
+        console().print(f"workload: {size.describe()}")
+    with open_store(storage, cfg.storage) as store:
+        try:
+            rec = create_study(cfg, preflight.stored_config_text(text), store)
+        except ConfigError as exc:
+            raise _located(exc, text, str(config)) from exc
         prof = rec.workload_profile
         console().print(
             f"study {rec.name!r} created in {store.url.split('@')[-1]}: {cfg.mode}, worker "
             f"{cfg.worker.kind}, {prof['num_requests']} requests (p99 prompt+output "
-            f"{prof['total_len']['p99']:.0f} tokens)")
+            f"{prof['total_len']['p99']:.0f} tokens)"
+        )
+        for line in study_plan(store, rec.name):
+            console().print(f"plan: {escape(line)}", highlight=False)
         if run:
-            _run(store, rec.name, n_trials, None)
+            _run(store, rec.name, n_trials, None, gpus=gpus, gpus_per_trial=gpus_per_trial)
 
 
-def _run(store: Store, name: str, n_trials: int | None, timeout: float | None,
-         reset_running: bool = False) -> None:
-    report = run_study(name, store, n_trials=n_trials, timeout=timeout,
-                       on_event=_progress(n_trials), reset_running=reset_running)
-    console().print(f"{report.trials_run} trial(s) run ({report.stopped_by}).")
+def _run(
+    store: Store,
+    name: str,
+    n_trials: int | None,
+    timeout: float | None,
+    reset_running: bool = False,
+    *,
+    gpus: str | None = None,
+    gpus_per_trial: int | None = None,
+) -> None:
+    try:
+        report = run_study(
+            name,
+            store,
+            n_trials=n_trials,
+            timeout=timeout,
+            on_event=_progress(),
+            reset_running=reset_running,
+            gpus=gpus,
+            gpus_per_trial=gpus_per_trial,
+        )
+    except Interrupted as exc:  # SIGTERM/SIGHUP: stopped as Ctrl-C stops a run
+        what = "every running trial was" if gpus is not None else "the running trial was"
+        print(f"{exc}: {what} failed and queued again", file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
+    idle = f", {report.idle_s:,.0f} s idle" if report.idle_s >= 0.5 else ""
+    console().print(f"{report.trials_run} trial(s) run ({report.stopped_by}{idle}).")
     cfg = load_study_config(store.get_study(name))  # type: ignore[arg-type]
-    rec = recommend(cfg, store.trials(name))
+    trials = store.trials(name)
+    rec = recommend(cfg, trials, store.repeats(name))
     if rec is None:
-        console().print("no feasible configuration yet.")
+        console().print(escape(no_feasible_reason(trials, cfg.mode)))
     else:
         print(format_recommendation(rec))
 
@@ -123,71 +362,151 @@ def _run(store: Store, name: str, n_trials: int | None, timeout: float | None,
 def run_cmd(
     name: Annotated[str, typer.Argument(help="study name")],
     storage: StorageOpt = None,
-    n_trials: Annotated[int | None, typer.Option(help="at most N trials this run")] = None,
-    timeout: Annotated[float | None, typer.Option(help="stop after S seconds")] = None,
-    fail_running: Annotated[bool, typer.Option(
-        "--fail-running", help="first mark trials a killed run left RUNNING as failed (not "
-        "while other controllers share the study)")] = False,
+    n_trials: Annotated[int | None, typer.Option(min=1, help=_N_TRIALS_HELP + " this run")] = None,
+    timeout: Annotated[float | None, typer.Option(help="stop after S seconds (S > 0)")] = None,
+    fail_running: Annotated[
+        bool,
+        typer.Option(
+            "--fail-running",
+            help="first mark trials a killed run left RUNNING as failed, and its "
+            "validation runs as pending (not while other controllers share the study)",
+        ),
+    ] = False,
+    gpus: GpusOpt = None,
+    gpus_per_trial: GpusPerTrialOpt = None,
 ) -> None:
-    """Run (or resume) a study. Several controllers may run one study at once (Postgres)."""
-    with _open(storage) as store:
-        _run(store, name, n_trials, timeout, fail_running)
+    """Run (or resume) a study. Several controllers may run one study at once (Postgres),
+    each with --gpus to run its trials in parallel (docs/parallel.md)."""
+    if timeout is not None and not timeout > 0:  # also NaN
+        raise typer.BadParameter(
+            f"{timeout:g} is not a positive number of seconds", param_hint="'--timeout'"
+        )
+    _check_gpus(gpus, gpus_per_trial)
+    with study_store(storage, name) as store:  # run_study names a missing study
+        _run(store, name, n_trials, timeout, fail_running, gpus=gpus, gpus_per_trial=gpus_per_trial)
 
 
 @study_app.command("list")
-def list_cmd(storage: StorageOpt = None) -> None:
-    """List the studies in the database."""
-    with _open(storage) as store:
-        studies = store.list_studies()
-    table = Table(title="studies")
-    for col in ("name", "mode", "worker", "created", "trials", "complete", "best tok/s"):
-        table.add_column(col)
-    for s in studies:
-        table.add_row(s.name, s.mode, s.worker_kind, s.created_at.strftime("%Y-%m-%d %H:%M"),
-                      str(s.n_trials), str(s.n_complete),
-                      f"{s.best_objective:,.1f}" if s.best_objective is not None else "-")
-    console().print(table)
+def list_cmd(storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
+    """List the studies in the database (none when the database does not exist yet)."""
+    try:
+        with open_store(storage, create=False) as store:
+            studies = store.list_studies()
+    except NoDatabaseError:
+        studies = []
+    if as_json:
+        print_json(list_json(studies))
+    else:
+        console().print(list_table(studies))
 
 
-def _need(store: Store, name: str) -> Any:
+def need_study(store: Store, name: str) -> StudyRecord:
     rec = store.get_study(name)
     if rec is None:
-        raise StorageError(f"no study named {name!r}; `autotune study list` shows the studies")
+        raise NotFoundError(f"no study named {name!r}; `autotune study list` shows the studies")
     return rec
 
 
-@study_app.command("show")
-def show(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -> None:
-    """Trials with their engine args, p99s, throughput, feasibility and failure class."""
-    with _open(storage) as store:
-        _need(store, name)
-        rows = trial_rows(store.trials(name))
-    table = Table(title=f"study {name}")
-    cols = ("trial", "stage", "max_model_len", "gpu_memory_utilization", "max_num_seqs",
-            "max_num_batched_tokens", "objective", "feasible", "capacity_scale", "p99_ttft_ms",
-            "p99_tpot_ms", "failure_class", "diagnosis")
-    for c in cols:
-        table.add_column(c.replace("_", " "))
+@contextmanager
+def study_store(storage: str | None, name: str) -> Iterator[Store]:
+    """The existing database (never a new one) that should hold the study ``name``."""
+    try:
+        store = open_store(storage, create=False)
+    except NoDatabaseError as exc:
+        raise NotFoundError(f"no study named {name!r}: {exc}") from exc
+    with store:
+        yield store
 
-    def fmt(v: Any) -> str:
-        if v is None:
-            return "-"
-        return f"{v:,.2f}" if isinstance(v, float) else str(v)
-    for r in rows:
-        table.add_row(*(fmt(r[c]) for c in cols))
-    console().print(table)
+
+@study_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument()],
+    storage: StorageOpt = None,
+    as_json: JsonOpt = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="every column at full width (default: fit the terminal)")
+    ] = False,
+) -> None:
+    """Trials with their state, engine args, output tok/s, capacity, p99s and violations."""
+    with study_store(storage, name) as store:
+        study = need_study(store, name)
+        trials = store.trials(name)
+        plan = study_plan(store, name)
+    if as_json:
+        print_json(show_json(name, study.mode, trials) | {"plan": plan})
+        return
+    width = console().width
+    table, legend, at = show_table(name, show_rows(trials, study.mode), width, wide=wide)
+    Console(width=at).print(table)  # at: the table's own width when the terminal is narrower
+    if legend:
+        Console(width=width).print(escape(legend), highlight=False)
+    for line in plan:
+        Console(width=width).print(f"plan: {escape(line)}", highlight=False)
+
+
+@study_app.command("status")
+def status(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -> None:
+    """Who runs the study: controllers (host, pid, last heartbeat), running trials with
+    their workers, claims and retries."""
+    with study_store(storage, name) as store:
+        need_study(store, name)
+        st = study_status(store, name)
+    out = console()
+    table = Table(title=f"controllers of {name}")
+    for col in ("id", "host", "pid", "state", "last heartbeat", "idle s", "trials", "note"):
+        table.add_column(col)
+    for c in st.controllers:
+        table.add_row(
+            str(c.id),
+            c.host,
+            str(c.pid),
+            c.state,
+            f"{c.heartbeat_age_s:,.0f} s ago",
+            f"{c.idle_s:,.1f}",
+            str(c.trials_run),
+            escape(c.note or ""),
+        )
+    out.print(table)
+    running = Table(title="running trials")
+    for col in ("trial", "stage", "controller", "devices", "worker group", "started"):
+        running.add_column(col)
+    for r in st.running:
+        running.add_row(
+            str(r.number),
+            r.stage,
+            r.controller,
+            r.devices or "-",
+            r.workers or "-",
+            r.started.strftime("%H:%M:%S") if r.started else "-",
+        )
+    out.print(running)
+    out.print(
+        f"claims: {st.claims} ({st.open_claims} open); queued: {st.waiting}; "
+        f"complete: {st.complete} of {st.planned} planned; failed: {st.failed}"
+    )
+    for line in st.retries:
+        out.print(f"retry: {escape(line)}")
 
 
 @study_app.command("best")
-def best(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -> None:
+def best(
+    name: Annotated[str, typer.Argument()], storage: StorageOpt = None, as_json: JsonOpt = False
+) -> None:
     """The recommended `vllm serve` command, its engine args (YAML) and the gain."""
-    with _open(storage) as store:
-        rec = _need(store, name)
-        r = recommend(load_study_config(rec), store.trials(name))
+    with study_store(storage, name) as store:
+        rec = need_study(store, name)
+        trials = store.trials(name)
+        r = recommend(load_study_config(rec), trials, store.repeats(name))
     if r is None:
-        raise ConfigError(f"study {name!r} has no feasible trial yet; run it longer or relax "
-                          "its SLOs (`autotune study show` lists the violations)")
-    print(format_recommendation(r))
+        raise NotFoundError(
+            f"study {name!r} has no feasible trial ({no_feasible_reason(trials, rec.mode)}); "
+            "run it longer or relax its SLOs (`autotune study show` lists each trial's "
+            "violations)"
+        )
+    if as_json:
+        print_json(best_json(name, r))
+    else:
+        print(format_recommendation(r))
 
 
 @study_app.command("export")
@@ -195,15 +514,26 @@ def export(
     name: Annotated[str, typer.Argument()],
     fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
     output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="json: keep each level's telemetry, full metrics and evidence"),
+    ] = False,
     storage: StorageOpt = None,
 ) -> None:
-    """Export the study and every trial (params, state, failure class, levels, metrics)."""
+    """Export the study and every trial (params, state, failure class, levels, violations);
+    each level's telemetry, full metrics and diagnosis evidence only with --full."""
     if fmt not in ("json", "csv"):
         raise ConfigError(f"--format must be json or csv, not {fmt!r}")
-    with _open(storage) as store:
-        rec = _need(store, name)
+    with study_store(storage, name) as store:
+        rec = need_study(store, name)
         trials = store.trials(name)
-    text = export_json(rec, trials) if fmt == "json" else export_csv(trials)
+        repeats = store.repeats(name)
+    cfg = load_study_config(rec)
+    text = (
+        export_json(rec, trials, repeats, cfg, full=full)
+        if fmt == "json"
+        else export_csv(trials, rec.mode, summary_of(cfg, repeats))
+    )
     if output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     else:
@@ -214,9 +544,27 @@ def export(
 
 
 @study_app.command("delete")
-def delete(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -> None:
-    """Delete a study (ours and Optuna's records)."""
-    with _open(storage) as store:
+def delete(
+    name: Annotated[str, typer.Argument()],
+    storage: StorageOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+) -> None:
+    """Delete a study (ours and Optuna's records); asks first unless --yes."""
+    with study_store(storage, name) as store:
+        rec = need_study(store, name)
+        n = len(store.trials(name))
+        if not yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(
+                    f"study delete {name}: refusing to delete {n} trial(s) without asking; "
+                    "stdin is not a terminal, so pass --yes"
+                )
+            if not typer.confirm(
+                f"Delete study {rec.name!r} and its {n} trial(s) from {store.url.split('@')[-1]}?",
+                default=False,
+            ):
+                print(f"study {name!r} kept")
+                raise typer.Exit(1)
         store.delete_study(name)
     print(f"study {name!r} deleted")
 
@@ -224,5 +572,5 @@ def delete(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -
 @db_app.command("upgrade")
 def upgrade(storage: StorageOpt = None) -> None:
     """Create or upgrade autotune's tables (Postgres needs this once; SQLite is automatic)."""
-    with Store.open(storage or os.environ.get(ENV_VAR), upgrade=True) as store:
+    with Store.open(_url(storage), upgrade=True) as store:
         print(f"database {store.url.split('@')[-1]} at revision {store.current_revision()}")

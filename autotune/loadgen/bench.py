@@ -1,19 +1,26 @@
 """``autotune bench``: the seed guide's baseline load test against any OpenAI-compatible
-server (vLLM or autotune's simulated one), reported like ``vllm bench serve``."""
+server (vLLM or autotune's simulated one), reported like ``vllm bench serve``
+(docs/method.md#2-baseline-before-any-change)."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.config import WorkloadConfig
+from autotune.errors import AutotuneError, ServiceError
+from autotune.loadgen.client import make_session
+from autotune.loadgen.metrics import error_kind
 from autotune.loadgen.payload import Endpoint
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
-from autotune.workload.build import build_workload, prepare_prompts
+from autotune.loadgen.tokens import prepare_for_server, server_tokens
+from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
+from autotune.workload.text import DEFAULT_VOCAB_SIZE
 
 __all__ = ["BenchOutcome", "format_result", "parse_goodput", "run_bench"]
 
@@ -30,14 +37,33 @@ class BenchOutcome:
         """``vllm bench serve``'s result keys plus autotune's extras."""
         out = dict(self.result.summary)
         out.update(
-            model_id=self.server.model_id, server_version=self.server.version,
-            time_scale=self.result.time_scale, workload_source=self.workload.source,
+            model_id=self.server.model_id,
+            server_version=self.server.version,
+            time_scale=self.result.time_scale,
+            workload_source=self.workload.source,
             workload_fingerprint=self.workload.fingerprint(),
             workload_profile=self.workload.profile().to_dict(),
         )
         if detailed:
-            out["requests"] = [vars(r) | {"tpot": r.tpot} for r in self.result.records]
+            out["requests"] = [asdict(r) | {"tpot": r.tpot} for r in self.result.records]
         return out
+
+    def failure(self) -> AutotuneError | None:
+        """The error to exit with when no request succeeded (None otherwise): one line with
+        the most common failure and an example of it. Unreachable servers are ServiceError."""
+        s = self.result.summary
+        failed = [r for r in self.result.records if not r.warmup and not r.success]
+        if s.get("completed", 0) > 0 or not failed:
+            return None
+        kinds = Counter(error_kind(r.error) for r in failed)
+        kind, count = kinds.most_common(1)[0]
+        example = next(r.error for r in failed if error_kind(r.error) == kind)
+        line = (
+            f"all {len(failed)} requests failed ({count} {kind}"
+            + (f", {len(failed) - count} other" if count < len(failed) else "")
+            + f"); first: {example}"
+        )
+        return ServiceError(line) if set(kinds) == {"connection"} else AutotuneError(line)
 
 
 def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
@@ -48,8 +74,9 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
     for item in items:
         key, _, value = item.partition(":")
         if key not in _GOODPUT_KEYS or not value:
-            raise ValueError(f"--goodput takes KEY:MS with KEY in {', '.join(_GOODPUT_KEYS)}; "
-                             f"got {item!r}")
+            raise ValueError(
+                f"--goodput takes KEY:MS with KEY in {', '.join(_GOODPUT_KEYS)}; got {item!r}"
+            )
         ms = float(value)
         if not ms > 0:
             raise ValueError(f"--goodput {key} must be > 0 ms, got {value}")
@@ -68,20 +95,35 @@ async def run_bench(
     duration: float | None = None,
     goodput: dict[str, float] | None = None,
     progress: Callable[[ProgressSnapshot], None] | None = None,
+    model_dir: str | None = None,
 ) -> BenchOutcome:
+    """Build the workload, fit its prompts to the server and replay it. ``model_dir``: a
+    local model folder whose ``tokenizer.json`` names the ordinary token ids, when the
+    server's own ``/v1/models`` root is not a folder on this machine."""
     info = await probe_server(base_url, api_key)
-    vocab = info.vocab_size or 32000
+    vocab = info.vocab_size or DEFAULT_VOCAB_SIZE
     wl = build_workload(workload, vocab_size=vocab)
-    # Token ids only where the target is known to take them with a known vocabulary (our
-    # simulator); real vLLM gets text and its usage chunk gives the true counts.
-    wl = prepare_prompts(wl, token_ids=endpoint == "completions" and info.vocab_size is not None,
-                         vocab_size=vocab)
+    # Prompts of the requested lengths on this server's tokenizer: token ids for completions,
+    # chat text built with its /detokenize and /tokenize (docs/loadgen.md#4-exact-prompt-lengths)
+    async with make_session() as session:
+        tokens = await server_tokens(
+            session, info, model=model, api_key=api_key, model_dir=model_dir
+        )
+        sent = await prepare_for_server(wl, tokens, endpoint=endpoint, vocab_size=vocab)
     concurrency = max_concurrency or wl.closed_loop_concurrency
     result = await run_load(
-        info.base_url, wl.requests, model=model or info.model_id, endpoint=endpoint,
-        api_key=api_key, max_concurrency=concurrency, warmup=workload.warmup,
-        duration=duration, time_scale=info.time_scale, progress=progress,
-        goodput_slos=goodput)
+        info.base_url,
+        sent.requests,
+        model=model or info.model_id,
+        endpoint=endpoint,
+        api_key=api_key,
+        max_concurrency=concurrency,
+        warmup=workload.warmup,
+        duration=duration,
+        time_scale=info.time_scale,
+        progress=progress,
+        goodput_slos=goodput,
+    )
     return BenchOutcome(info, wl, result)
 
 
@@ -108,10 +150,12 @@ def format_result(s: dict[str, Any]) -> str:
         row("Request goodput (req/s):", "request_goodput")
     row("Output token throughput (tok/s):", "output_throughput")
     row("Total Token throughput (tok/s):", "total_token_throughput")
-    for title, key, name in (("Time to First Token", "ttft", "TTFT"),
-                             ("Time per Output Token (excl. 1st token)", "tpot", "TPOT"),
-                             ("Inter-token Latency", "itl", "ITL"),
-                             ("End-to-end Latency", "e2el", "E2EL")):
+    for title, key, name in (
+        ("Time to First Token", "ttft", "TTFT"),
+        ("Time per Output Token (excl. 1st token)", "tpot", "TPOT"),
+        ("Inter-token Latency", "itl", "ITL"),
+        ("End-to-end Latency", "e2el", "E2EL"),
+    ):
         rows.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
         row(f"Mean {name} (ms):", f"mean_{key}_ms")
         row(f"Median {name} (ms):", f"median_{key}_ms")

@@ -51,8 +51,11 @@ __all__ = [
 # server) and "The decoder prompt (length N) is longer than the maximum model length of M."
 # A prompt of exactly max_model_len tokens leaves no room for output: vLLM 0.32 then answers
 # "max_tokens must be at least 1, got 0" (seen on real vLLM; tests/data/vllm032).
-_OVER_LENGTH = re.compile(r"maximum context length|longer than the maximum model length"
-                          r"|max_tokens must be at least 1, got 0", re.I)
+_OVER_LENGTH = re.compile(
+    r"maximum context length|longer than the maximum model length"
+    r"|max_tokens must be at least 1, got 0",
+    re.I,
+)
 _BODY_LIMIT = 4096  # bytes of an error body worth reading
 _MSG_LIMIT = 300  # characters of it worth keeping in a record
 
@@ -143,9 +146,12 @@ class Attempt:
             ttft=None if self.first is None or self.sent is None else (self.first - self.sent) * k,
             e2el=None if self.last is None or self.sent is None else (self.last - self.sent) * k,
             over_length=self.over_length,
-            truncated=(not error and self.ignore_eos
-                       and (self.usage_out if self.usage_out is not None else self.chunks)
-                       < self.spec.output_len),
+            truncated=(
+                not error
+                and self.ignore_eos
+                and (self.usage_out if self.usage_out is not None else self.chunks)
+                < self.spec.output_len
+            ),
             warmup=self.warmup,
         )
 

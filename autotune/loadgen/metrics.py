@@ -21,12 +21,14 @@ from typing import Any
 import numpy as np
 
 from autotune.errors import ConfigError
+from autotune.loadgen.level import error_rate, overlength_rate
 
 __all__ = [
     "DEFAULT_PERCENTILES",
     "GOODPUT_METRICS",
     "RequestRecord",
     "error_kind",
+    "length_warning",
     "peak_concurrency",
     "percentile_key",
     "summarize",
@@ -34,6 +36,9 @@ __all__ = [
 ]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
+# Prompts the server counted differently from the requested lengths by more than this, on
+# average (token-weighted), earn a warning: the run does not measure the intended workload.
+LENGTH_TOLERANCE = 0.02
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput accepts, values in ms
 
 
@@ -207,14 +212,33 @@ def summarize(
     for name, values in series.items():
         out.update(_stats(name, values, percentiles))
 
+    # The server's prompt counts against the requested lengths (successes with a usage
+    # chunk): sum(measured) / sum(requested) - 1, None when the server reported none.
+    counted = [r for r in ok if r.prompt_tokens is not None]
+    requested = sum(r.prompt_len for r in counted)
+    out["requested_input_tokens"] = requested
+    out["prompt_len_deviation"] = (
+        sum(r.input_tokens for r in counted) / requested - 1.0 if requested > 0 else None
+    )
+    # requests the server counted more than max(1 %, 2 tokens) away from the requested length
+    out["prompts_off_length"] = sum(
+        1
+        for r in counted
+        if abs(r.input_tokens - r.prompt_len) > max(2, math.floor(0.01 * r.prompt_len))
+    )
+
     # Extras: why requests failed, and whether the client kept its schedule.
     lags = [r.sent_at - r.scheduled_at for r in sent if r.sent_at is not None]
+    n_over = sum(1 for r in measured if r.over_length)
+    n_trunc = sum(1 for r in ok if r.truncated)
     lag_ms = np.asarray(lags if lags else [0.0], dtype=float) * 1000.0
     out.update(
         {
-            "over_length_rejections": sum(1 for r in measured if r.over_length),
-            "truncated_requests": sum(1 for r in ok if r.truncated),
-            "error_rate": len(failed) / len(measured) if measured else 0.0,
+            "over_length_rejections": n_over,
+            "truncated_requests": n_trunc,
+            # one definition of both rates (docs/tuning.md#3-the-per-level-record)
+            "error_rate": error_rate(len(failed), n_over, len(measured)),
+            "overlength_rate": overlength_rate(n_over, n_trunc, len(measured)),
             "errors_by_kind": dict(sorted(Counter(error_kind(r.error) for r in failed).items())),
             "mean_schedule_lag_ms": float(np.mean(lag_ms)),
             "p50_schedule_lag_ms": float(np.percentile(lag_ms, 50)),
@@ -225,6 +249,21 @@ def summarize(
         }
     )
     return out
+
+
+def length_warning(summary: dict[str, Any], tolerance: float = LENGTH_TOLERANCE) -> str | None:
+    """One line when the server counted the prompts more than ``tolerance`` away from the
+    requested lengths on average (``summary`` from :func:`summarize`), else None."""
+    dev = summary.get("prompt_len_deviation")
+    requested = summary.get("requested_input_tokens") or 0
+    if dev is None or abs(dev) <= tolerance or not requested:
+        return None
+    measured = round(requested * (1.0 + dev))
+    return (
+        f"prompts measured {abs(dev):.1%} {'longer' if dev > 0 else 'shorter'} than requested "
+        f"on average ({measured:,} prompt tokens counted by the server for {requested:,} "
+        "requested): this run does not send the lengths its workload asks for"
+    )
 
 
 def windowed(records: Sequence[RequestRecord], window_s: float) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from autotune.errors import ConfigError
+from autotune.errors import ServiceError
 
 __all__ = ["ServerInfo", "probe_server"]
 
@@ -30,6 +30,8 @@ class ServerInfo:
     # Reported by autotune's simulated server only: token-id prompts must stay below it.
     vocab_size: int | None = None
     simulated: bool = False
+    # vLLM's /v1/models "root": the model's path or hub name as the server loaded it
+    root: str | None = None
 
 
 async def _get_json(
@@ -41,25 +43,25 @@ async def _get_json(
             if not required:
                 return None
             head = " ".join(text.split())[:200]
-            raise ConfigError(f"server at {base} answered {resp.status} on {path}: {head}")
+            raise ServiceError(f"server at {base} answered {resp.status} on {path}: {head}")
     try:
         return json.loads(text)
     except ValueError as exc:
         if not required:
             return None
-        raise ConfigError(f"server at {base} sent invalid JSON on {path}") from exc
+        raise ServiceError(f"server at {base} sent invalid JSON on {path}") from exc
 
 
 def _positive(value: Any, base: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"server at {base} reports an invalid time_scale: {value!r}")
+        raise ServiceError(f"server at {base} reports an invalid time_scale: {value!r}")
     return float(value)
 
 
 async def probe_server(
     base_url: str, api_key: str | None = None, *, timeout: float = 10.0
 ) -> ServerInfo:
-    """Read the server's model list and version; ConfigError when that is impossible."""
+    """Read the server's model list and version; ServiceError when that is impossible."""
     base = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -70,14 +72,14 @@ async def probe_server(
             version = await _get_json(session, base, "/version", headers, required=False)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         reason = str(exc) or type(exc).__name__
-        raise ConfigError(f"cannot reach server at {base_url}: {reason}") from exc
+        raise ServiceError(f"cannot reach server at {base_url}: {reason}") from exc
 
     data = models.get("data") if isinstance(models, dict) else None
     entries = (
         [m for m in data if isinstance(m, dict) and "id" in m] if isinstance(data, list) else []
     )
     if not entries:
-        raise ConfigError(f"server at {base_url} lists no model on /v1/models")
+        raise ServiceError(f"server at {base_url} lists no model on /v1/models")
     first = entries[0]
     max_len = first.get("max_model_len")
     info = version if isinstance(version, dict) else {}
@@ -92,4 +94,5 @@ async def probe_server(
         time_scale=_positive(info.get("time_scale", 1.0), base_url),
         vocab_size=info["vocab_size"] if isinstance(info.get("vocab_size"), int) else None,
         simulated=info.get("simulated") is True,
+        root=str(first["root"]) if isinstance(first.get("root"), str) else None,
     )

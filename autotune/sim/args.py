@@ -33,13 +33,13 @@ class EngineArgs:
     # leaked previous worker): vLLM then fails its free-memory check.
     sim_other_tenant_bytes: int = 0
     # Subtract an estimate of CUDA-graph memory inside profiling (vLLM >= ~0.21 default,
-    # vllm.md §2 step 6). Ignored with enforce_eager.
+    # docs/vllm.md#22-cuda-graph-memory). Ignored with enforce_eager.
     sim_estimate_cudagraph_memory: bool = True
 
     def resolve(self, model: ModelProfile, hardware: HardwareProfile) -> ResolvedArgs:
-        """Apply vLLM's defaults (vllm.md §1.1, 2026-era rules) to the values not given.
+        """Apply vLLM's defaults (2026-era rules) to the values not given.
 
-        Only unset values are defaulted:
+        Only unset values are defaulted (docs/vllm.md#11-batch-defaults-per-gpu-class):
         1. chunked prefill off: ``mnbt = max(max_model_len, default)``;
         2. ``mnbt = min(max_num_seqs * max_model_len, mnbt)``;
         3. a defaulted ``max_num_seqs = min(max_num_seqs, mnbt)``.

@@ -1,6 +1,6 @@
 """Step cost model of the simulated engine: seconds per engine step from the batch composition.
 
-Implements ``simulator.md`` §3.1. Per step::
+Implements docs/simulator.md#31-formula. Per step::
 
     t_lin    = hypot(W / (B·η_bw), (2·L·P·T + 2·V·H·n_samp) / TP / (F·η_f)) · (1 + ε_elem)
     t_attn_d = Σctx · kv_bytes_per_token(TP) / (B·η_attn)
@@ -11,8 +11,8 @@ Implements ``simulator.md`` §3.1. Per step::
 Why a smooth max (hypot) between the weight read and the linear-layer FLOPs: it fits Vidur's
 measured linear-layer times within about ±10 % over the whole token range, where a plain
 ``max()`` under-predicts by 24-40 % near the knee and a sum over-predicts by up to 70 %
-(simulator.md §3.1). Weights are read once per step, so batching amortises them; KV reads make
-decode steps grow with Σctx; prefill attention is quadratic in the chunk length.
+(docs/simulator.md#31-formula). Weights are read once per step, so batching amortises them;
+KV reads make decode steps grow with Σctx; prefill attention is quadratic in the chunk length.
 
 :meth:`CostModel.step_time` runs once per simulated engine step, so :meth:`CostModel.build`
 folds every model/GPU constant into a handful of per-unit coefficients and the hot path is a
@@ -31,18 +31,28 @@ from autotune.sim.models import ModelProfile
 __all__ = ["DEFAULT_EPS_ELEM", "DEFAULT_T_FIXED", "DEFAULT_T_REQ", "CostModel"]
 
 # Norms, activation, RoPE and residual adds cost 8-12 % on top of the linear layers at every T
-# (simulator.md §3.2, derived from Vidur's profiles).
+# (docs/simulator.md#32-constants-and-their-sources, derived from Vidur's profiles).
 DEFAULT_EPS_ELEM = 0.10
-# Per-step CPU/launch overhead: BLIS's fitted beta7 = 126 µs/step (simulator.md §3.2, allowed
-# range 0.1-0.2 ms). The vLLM v0.6.0 blog shows this overhead matters for 8B-class models.
+# Per-step CPU/launch overhead: BLIS's fitted beta7 = 126 µs/step (allowed range 0.1-0.2 ms,
+# docs/simulator.md#32-constants-and-their-sources). The vLLM v0.6.0 blog shows this overhead
+# matters for 8B-class models.
 DEFAULT_T_FIXED = 126e-6
-# Per scheduled request bookkeeping: BLIS beta6 = 4.42 µs/request (simulator.md §3.2).
+# Per scheduled request bookkeeping: BLIS beta6 = 4.42 µs/request
+# (docs/simulator.md#32-constants-and-their-sources).
 DEFAULT_T_REQ = 4.42e-6
 
 # Hardware efficiencies a caller may override by name (they live on HardwareProfile).
 _HW_OVERRIDES = frozenset(
-    {"eta_bw", "eta_f", "eta_attn", "eta_fa", "interconnect_bw", "allreduce_latency",
-     "peak_flops", "mem_bw"}
+    {
+        "eta_bw",
+        "eta_f",
+        "eta_attn",
+        "eta_fa",
+        "interconnect_bw",
+        "allreduce_latency",
+        "peak_flops",
+        "mem_bw",
+    }
 )
 _OWN_OVERRIDES = frozenset({"eps_elem", "t_fixed", "t_req"})
 
@@ -71,14 +81,15 @@ class CostModel:
     knee_tokens: float  # T where linear FLOP time equals the weight-read time
 
     @classmethod
-    def build(cls, model: ModelProfile, hardware: HardwareProfile, tp: int = 1,
-              **overrides: float) -> CostModel:
+    def build(
+        cls, model: ModelProfile, hardware: HardwareProfile, tp: int = 1, **overrides: float
+    ) -> CostModel:
         """Fold the model and GPU constants into per-unit coefficients.
 
         ``overrides`` may set ``eps_elem``, ``t_fixed``, ``t_req`` or any efficiency/peak
         field of :class:`HardwareProfile` (``eta_bw``, ``eta_f``, ``eta_attn``, ``eta_fa``,
         ``interconnect_bw``, ``allreduce_latency``, ``peak_flops``, ``mem_bw``); calibration
-        (simulator.md §8 step 5) fits exactly these.
+        (docs/simulator.md#8-calibration-and-validation, step 5) fits exactly these.
         """
         if tp < 1:
             raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
@@ -107,8 +118,16 @@ class CostModel:
         if tp > 1:
             # Two all-reduces per layer (after attention and after the MLP), ring cost.
             tp_latency = 2.0 * n_layers * hw.allreduce_latency
-            tp_per_token = (2.0 * n_layers * 2.0 * (tp - 1) / tp * model.hidden_size * dtype
-                            / hw.interconnect_bw)
+            tp_per_token = (
+                2.0
+                * n_layers
+                * 2.0
+                * (tp - 1)
+                / tp
+                * model.hidden_size
+                * dtype
+                / hw.interconnect_bw
+            )
         else:
             tp_latency = tp_per_token = 0.0
         return cls(
@@ -129,9 +148,15 @@ class CostModel:
         )
 
     # -- hot path ------------------------------------------------------------------
-    def step_time(self, num_tokens: int, num_sampled: int, sum_decode_ctx: int,
-                  prefill_attn_work: float, num_scheduled: int) -> float:
-        """Seconds one engine step takes (simulator.md §3.1), without jitter.
+    def step_time(
+        self,
+        num_tokens: int,
+        num_sampled: int,
+        sum_decode_ctx: int,
+        prefill_attn_work: float,
+        num_scheduled: int,
+    ) -> float:
+        """Seconds one engine step takes (docs/simulator.md#31-formula), without jitter.
 
         ``num_tokens``: tokens computed in the step (decodes + prefill chunk tokens);
         ``num_sampled``: requests that sample a token (decodes + chunks finishing the prompt);
@@ -145,9 +170,14 @@ class CostModel:
         t_lin = math.hypot(
             self.t_mem_w, self.lin_per_token * num_tokens + self.lin_per_sample * num_sampled
         ) * (1.0 + self.eps_elem)
-        return (t_lin + self.attn_per_ctx * sum_decode_ctx
-                + self.attn_per_work * prefill_attn_work + self.tp_per_token * num_tokens
-                + self.step_overhead + self.t_req * num_scheduled)
+        return (
+            t_lin
+            + self.attn_per_ctx * sum_decode_ctx
+            + self.attn_per_work * prefill_attn_work
+            + self.tp_per_token * num_tokens
+            + self.step_overhead
+            + self.t_req * num_scheduled
+        )
 
     @staticmethod
     def prefill_work(new_tokens: int, prefix: int) -> float:
@@ -170,7 +200,9 @@ class CostModel:
         per_step = (
             math.hypot(self.t_mem_w, (self.lin_per_token + self.lin_per_sample) * batch)
             * (1.0 + self.eps_elem)
-            + self.tp_per_token * batch + self.step_overhead + self.t_req * batch
+            + self.tp_per_token * batch
+            + self.step_overhead
+            + self.t_req * batch
         )
         ctx_total = k * sum_ctx0 + batch * (k * (k - 1) // 2)
         return k * per_step + self.attn_per_ctx * ctx_total

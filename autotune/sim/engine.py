@@ -9,7 +9,7 @@ real clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,7 +24,14 @@ from autotune.sim.models import ModelProfile
 from autotune.sim.request import REJECTED, Req, RequestTiming, SimRequest
 from autotune.sim.scheduler import Scheduler, StepStats
 
-__all__ = ["Engine", "SimResult", "Timeline", "context_length_error", "simulate"]
+__all__ = [
+    "Engine",
+    "SimResult",
+    "StopHook",
+    "Timeline",
+    "context_length_error",
+    "simulate",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -53,6 +60,8 @@ class SimResult:
     num_steps: int
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    end: float = 0.0  # engine clock when the replay ended (the last step's end, or the stop)
+    stopped_at: float | None = None  # the ``stop`` hook ended it here (requests unfinished)
 
     @property
     def num_preemptions(self) -> int:
@@ -87,8 +96,9 @@ class SimResult:
         return out
 
 
-def context_length_error(max_model_len: int, prompt: int, *,
-                         at_least: bool = False) -> tuple[str, str] | None:
+def context_length_error(
+    max_model_len: int, prompt: int, *, at_least: bool = False
+) -> tuple[str, str] | None:
     """vLLM 0.32's 400 for a prompt that leaves no room for output, as (message, param), or
     None when the prompt fits (prompt + max_tokens beyond max_model_len is NOT an error: vLLM
     cuts max_tokens to ``max_model_len - prompt``). Texts as captured from real vLLM 0.32
@@ -97,13 +107,18 @@ def context_length_error(max_model_len: int, prompt: int, *,
     if prompt > max_model_len:
         n = max_model_len + 1 if at_least else prompt
         count = f"at least {n}" if at_least else str(n)
-        return (f"This model's maximum context length is {max_model_len} tokens. However, your "
-                f"prompt contains {count} input tokens, which exceeds this limit even without "
-                "any output tokens. Please reduce the length of the input prompt. "
-                f"(parameter=input_tokens, value={n})", "input_tokens")
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {count} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={n})",
+            "input_tokens",
+        )
     if prompt == max_model_len:
-        return ("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
-                "max_tokens")
+        return (
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            "max_tokens",
+        )
     return None
 
 
@@ -140,8 +155,9 @@ class Engine:
         self.step_idx = 0
         self.step_start: list[float] = []
         self.step_end: list[float] = []
-        self._tl: tuple[list[int], list[int], list[float], list[int], list[int], list[int],
-                         list[int]] = ([], [], [], [], [], [], [])
+        self._tl: tuple[
+            list[int], list[int], list[float], list[int], list[int], list[int], list[int]
+        ] = ([], [], [], [], [], [], [])
         self.reqs: list[Req] = []
         self._n_added = 0
         self.rejected: list[tuple[SimRequest, str]] = []
@@ -157,8 +173,11 @@ class Engine:
             return err[0]
         if sr.prompt_len + sr.output_len > mml:
             sr = replace(sr, output_len=mml - sr.prompt_len)
-        hashes = (block_hashes(sr.prompt_token_ids, self.args.block_size)
-                  if sr.prompt_token_ids is not None and self.args.enable_prefix_caching else [])
+        hashes = (
+            block_hashes(sr.prompt_token_ids, self.args.block_size)
+            if sr.prompt_token_ids is not None and self.args.enable_prefix_caching
+            else []
+        )
         r = Req(self._n_added, sr.prompt_len, sr.output_len, sr.arrival, hashes, user)
         self._n_added += 1
         if self.keep_history:
@@ -189,8 +208,9 @@ class Engine:
                 f"(running={len(sched.running)}, waiting={len(sched.waiting)}, "
                 f"free_blocks={sched.kv.num_free})"
             )
-        dt = self.cost.step_time(st.num_tokens, st.num_sampled, st.sum_decode_ctx,
-                                 st.prefill_work, st.num_scheduled)
+        dt = self.cost.step_time(
+            st.num_tokens, st.num_sampled, st.sum_decode_ctx, st.prefill_work, st.num_scheduled
+        )
         end = now + dt * self._jitter()
         sched.complete(s)
         self.step_idx = s + 1
@@ -226,24 +246,39 @@ class Engine:
                 continue
             tt = self.token_times(r, ends)
             asked = r.user.output_len if isinstance(r.user, SimRequest) else r.max_tokens
-            timings.append(RequestTiming(
-                request_id=_rid(r), prompt_len=r.prompt_len, output_len=r.output,
-                truncated=r.max_tokens < asked,
-                arrival=r.arrival,
-                scheduled=starts[r.t_sched] if r.t_sched >= 0 else math.nan,
-                first_token=float(ends[r.t_first]) if r.t_first >= 0 else math.nan,
-                finish=float(ends[r.t_finish]) if r.t_finish >= 0 else math.nan,
-                token_times=tt, preemptions=r.preemptions,
-            ))
+            timings.append(
+                RequestTiming(
+                    request_id=_rid(r),
+                    prompt_len=r.prompt_len,
+                    output_len=r.output,
+                    truncated=r.max_tokens < asked,
+                    arrival=r.arrival,
+                    scheduled=starts[r.t_sched] if r.t_sched >= 0 else math.nan,
+                    first_token=float(ends[r.t_first]) if r.t_first >= 0 else math.nan,
+                    finish=float(ends[r.t_finish]) if r.t_finish >= 0 else math.nan,
+                    token_times=tt,
+                    preemptions=r.preemptions,
+                )
+            )
         for sr, msg in self.rejected:
-            timings.append(RequestTiming(
-                request_id=sr.request_id or "", prompt_len=sr.prompt_len, output_len=0,
-                arrival=sr.arrival, scheduled=math.nan, first_token=math.nan, finish=math.nan,
-                token_times=np.empty(0), rejected=True, reject_reason=msg,
-            ))
+            timings.append(
+                RequestTiming(
+                    request_id=sr.request_id or "",
+                    prompt_len=sr.prompt_len,
+                    output_len=0,
+                    arrival=sr.arrival,
+                    scheduled=math.nan,
+                    first_token=math.nan,
+                    finish=math.nan,
+                    token_times=np.empty(0),
+                    rejected=True,
+                    reject_reason=msg,
+                )
+            )
         tl = self._tl
         timeline = Timeline(
-            t=ends, running=np.asarray(tl[0], dtype=np.int64),
+            t=ends,
+            running=np.asarray(tl[0], dtype=np.int64),
             waiting=np.asarray(tl[1], dtype=np.int64),
             kv_usage=np.asarray(tl[2], dtype=np.float64),
             preemptions=np.asarray(tl[3], dtype=np.int64),
@@ -251,13 +286,24 @@ class Engine:
             prefill_tokens=np.asarray(tl[5], dtype=np.int64),
             decode_tokens=np.asarray(tl[6], dtype=np.int64),
         )
-        return SimResult(timings, timeline, self.memory, self.args, self.step_idx,
-                         self.sched.prefix_queries, self.sched.prefix_hits)
+        return SimResult(
+            timings,
+            timeline,
+            self.memory,
+            self.args,
+            self.step_idx,
+            self.sched.prefix_queries,
+            self.sched.prefix_hits,
+        )
 
 
 def _rid(r: Req) -> str:
     u = r.user
     return u.request_id or f"req-{r.idx}" if isinstance(u, SimRequest) else f"req-{r.idx}"
+
+
+# asked between steps with the engine and its clock; True ends the replay (simulate's stop)
+StopHook = Callable[["Engine", float], bool]
 
 
 def simulate(
@@ -270,6 +316,8 @@ def simulate(
     jitter_cv: float = 0.015,
     exact: bool = False,
     concurrency: int | None = None,
+    warmup: Sequence[SimRequest] = (),
+    stop: StopHook | None = None,
 ) -> SimResult:
     """Run ``requests`` to completion on a virtual clock. Raises ``SimStartupError`` when the
     engine args would make vLLM fail at startup.
@@ -277,12 +325,22 @@ def simulate(
     ``concurrency`` replays a closed loop instead: arrival times are ignored, ``concurrency``
     requests start at t=0 and each finished (or rejected) request is replaced, in order, by
     the next one at the end of the step that finished it (what a closed-loop client sees).
+
+    ``warmup`` requests are sent all at once first and run to completion; the measured
+    requests' clock starts when the last one finishes (``result.requests`` holds both).
+
+    ``stop(engine, now)`` is asked between steps, once the requests that arrived by ``now``
+    are queued; True ends the replay there, the requests not finished by then left
+    unfinished (``result.stopped_at``; the steps never run cost nothing).
     """
     eng = Engine(model, hardware, args, seed=seed, jitter_cv=jitter_cv, exact=exact)
+    start = _warm_up(eng, warmup) if warmup else 0.0
     if concurrency is not None:
-        return _closed_loop(eng, requests, concurrency)
+        return _closed_loop(eng, requests, concurrency, start, stop)
     order = sorted(requests, key=lambda q: q.arrival)
-    n, i, now = len(order), 0, 0.0
+    if start:
+        order = [replace(q, arrival=q.arrival + start) for q in order]
+    n, i, now = len(order), 0, start
     sched = eng.sched
     while i < n or sched.has_work:
         if not sched.has_work:
@@ -291,25 +349,51 @@ def simulate(
         while i < n and order[i].arrival <= now:
             eng.add(order[i], user=order[i])
             i += 1
+        if stop is not None and stop(eng, now):
+            return _ended(eng, now, now)
         if sched.has_work:
             now, _ = eng.step(now)
-    return eng.result()
+    return _ended(eng, now, None)
 
 
-def _closed_loop(eng: Engine, requests: Sequence[SimRequest], concurrency: int) -> SimResult:
+def _ended(eng: Engine, now: float, stopped_at: float | None) -> SimResult:
+    res = eng.result()
+    res.end, res.stopped_at = now, stopped_at
+    return res
+
+
+def _warm_up(eng: Engine, warmup: Sequence[SimRequest]) -> float:
+    """Run ``warmup`` (all sent at t=0) to completion; returns the time the last finished."""
+    now = 0.0
+    for q in warmup:
+        eng.add(replace(q, arrival=0.0), user=q)
+    while eng.sched.has_work:
+        now, _ = eng.step(now)
+    return now
+
+
+def _closed_loop(
+    eng: Engine,
+    requests: Sequence[SimRequest],
+    concurrency: int,
+    start: float = 0.0,
+    stop: StopHook | None = None,
+) -> SimResult:
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     sched = eng.sched
     pending = list(requests)
-    i, now, in_flight = 0, 0.0, 0
+    i, now, in_flight = 0, start, 0
     while i < len(pending) or sched.has_work:
         while i < len(pending) and in_flight < concurrency:
             r = eng.add(replace(pending[i], arrival=now), user=pending[i])
             i += 1
             if isinstance(r, Req):
                 in_flight += 1
+        if stop is not None and stop(eng, now):
+            return _ended(eng, now, now)
         if not sched.has_work:
             continue  # everything offered so far was rejected
         now, _ = eng.step(now)
         in_flight -= len(sched.finished)
-    return eng.result()
+    return _ended(eng, now, None)

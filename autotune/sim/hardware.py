@@ -1,8 +1,9 @@
 """GPU profiles for the simulated engine.
 
-Peak numbers are vendor spec sheets; efficiencies (eta) come from ``simulator.md`` §3.2, where
-A100/H100 values are derived from Vidur's published profiles and every other GPU borrows them
-(marked ``uncertain``). ``memory_bytes`` is what the CUDA runtime reports as total memory
+Peak numbers are vendor spec sheets; efficiencies (eta) come from
+docs/simulator.md#32-constants-and-their-sources, where A100/H100 values are derived from
+Vidur's published profiles and every other GPU borrows them (marked ``uncertain``).
+``memory_bytes`` is what the CUDA runtime reports as total memory
 (``torch.cuda.mem_get_info()[1]``), which is less than the marketing number.
 """
 
@@ -25,7 +26,8 @@ class HardwareProfile:
     memory_bytes: int  # total device memory as the CUDA runtime reports it
     eta_bw: float = 0.77  # achieved fraction of mem_bw on weight reads
     eta_f: float = 0.73  # achieved fraction of peak_flops on linear layers
-    eta_attn: float = 0.55  # decode paged-attention KV reads (uncertain, simulator.md 3.2)
+    # decode paged-attention KV reads (uncertain, docs/simulator.md#32-constants-and-their-sources)
+    eta_attn: float = 0.55
     eta_fa: float = 0.5  # prefill flash-attention FLOPs (uncertain)
     interconnect_bw: float = 450e9  # NVLink per-direction B/s for TP all-reduce (uncertain)
     allreduce_latency: float = 10e-6  # alpha per all-reduce (uncertain)
@@ -38,8 +40,8 @@ class HardwareProfile:
 
     def vllm_server_defaults(self) -> tuple[int, int]:
         """``vllm serve`` defaults (max_num_seqs, max_num_batched_tokens) for this GPU class:
-        ``EngineArgs.get_batch_defaults`` (vllm.md §1.1): >= 70 GiB and not an A100 -> 1024/8192,
-        otherwise 256/2048."""
+        ``EngineArgs.get_batch_defaults`` (docs/vllm.md#11-batch-defaults-per-gpu-class):
+        >= 70 GiB and not an A100 -> 1024/8192, otherwise 256/2048."""
         if self.memory_gib >= 70 and "a100" not in self.device_name.lower():
             return 1024, 8192
         return 256, 2048
@@ -51,44 +53,97 @@ def _gib(x: float) -> int:
 
 _BUILTIN: tuple[HardwareProfile, ...] = (
     HardwareProfile(
-        "A100-40GB", 312e12, 1.555e12, _gib(39.39), 0.77, 0.73,
+        "A100-40GB",
+        312e12,
+        1.555e12,
+        _gib(39.39),
+        0.77,
+        0.73,
         device_name="NVIDIA A100-SXM4-40GB",
         uncertain="mem_bw spec sheet, memory typical torch output; eta borrowed from A100-80GB",
     ),
     HardwareProfile(
-        "A100-80GB", 312e12, 2.039e12, _gib(79.15), 0.77, 0.73,
-        interconnect_bw=300e9, device_name="NVIDIA A100-SXM4-80GB",
-        uncertain="memory typical torch output; eta derived from Vidur profiles (simulator.md 3.2)",
+        "A100-80GB",
+        312e12,
+        2.039e12,
+        _gib(79.15),
+        0.77,
+        0.73,
+        interconnect_bw=300e9,
+        device_name="NVIDIA A100-SXM4-80GB",
+        uncertain=(
+            "memory typical torch output; eta derived from Vidur profiles "
+            "(docs/simulator.md#32-constants-and-their-sources)"
+        ),
     ),
     HardwareProfile(
-        "H100-80GB", 989e12, 3.35e12, _gib(79.2), 0.80, 0.73,
-        interconnect_bw=450e9, device_name="NVIDIA H100 80GB HBM3",
-        uncertain="reported memory 79.2 GiB per vllm.md 2.1 (uncertain); eta derived from Vidur",
+        "H100-80GB",
+        989e12,
+        3.35e12,
+        _gib(79.2),
+        0.80,
+        0.73,
+        interconnect_bw=450e9,
+        device_name="NVIDIA H100 80GB HBM3",
+        uncertain=(
+            "reported memory 79.2 GiB per docs/vllm.md#21-worked-examples (uncertain); "
+            "eta derived from Vidur"
+        ),
     ),
     HardwareProfile(
-        "H200", 989e12, 4.8e12, _gib(139.8), 0.80, 0.73,
-        interconnect_bw=450e9, device_name="NVIDIA H200",
+        "H200",
+        989e12,
+        4.8e12,
+        _gib(139.8),
+        0.80,
+        0.73,
+        interconnect_bw=450e9,
+        device_name="NVIDIA H200",
         uncertain="spec sheet; eta borrowed from H100; reported memory typical torch output",
     ),
     HardwareProfile(
-        "L40S", 362e12, 0.864e12, _gib(44.4), 0.77, 0.73,
-        interconnect_bw=32e9, device_name="NVIDIA L40S",
+        "L40S",
+        362e12,
+        0.864e12,
+        _gib(44.4),
+        0.77,
+        0.73,
+        interconnect_bw=32e9,
+        device_name="NVIDIA L40S",
         uncertain="spec sheet (BLIS hardware_config agrees); eta borrowed; PCIe all-reduce",
     ),
     HardwareProfile(
-        "A10G", 70e12, 0.6e12, _gib(22.0), 0.77, 0.73,
-        interconnect_bw=32e9, device_name="NVIDIA A10G",
+        "A10G",
+        70e12,
+        0.6e12,
+        _gib(22.0),
+        0.77,
+        0.73,
+        interconnect_bw=32e9,
+        device_name="NVIDIA A10G",
         uncertain="A10G tensor peak commonly reported ~70 TFLOP/s (A10 spec: 125); eta borrowed",
     ),
     HardwareProfile(
-        "L4", 121e12, 0.3e12, _gib(22.03), 0.77, 0.73,
-        interconnect_bw=32e9, device_name="NVIDIA L4",
+        "L4",
+        121e12,
+        0.3e12,
+        _gib(22.03),
+        0.77,
+        0.73,
+        interconnect_bw=32e9,
+        device_name="NVIDIA L4",
         uncertain="spec sheet (242e12 with sparsity); eta borrowed",
     ),
     # A deliberately small device for tests: 4 GiB, slow, so tiny models saturate it.
     HardwareProfile(
-        "test-4GB", 10e12, 0.1e12, _gib(4.0), 0.8, 0.7,
-        device_name="autotune test device", uncertain="synthetic test profile",
+        "test-4GB",
+        10e12,
+        0.1e12,
+        _gib(4.0),
+        0.8,
+        0.7,
+        device_name="autotune test device",
+        uncertain="synthetic test profile",
     ),
 )
 

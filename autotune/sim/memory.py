@@ -1,7 +1,8 @@
 """Startup memory accounting of the simulated engine: vLLM 0.32's checks, texts and KV sizing.
 
-Pure functions, no I/O. The order of checks and every error text follow vLLM (``vllm.md`` §2 and
-§4, ``simulator.md`` §4), read against vLLM's source where ``vllm.md`` was silent:
+Pure functions, no I/O. The order of checks and every error text follow vLLM
+(docs/vllm.md#2-startup-memory-accounting, docs/vllm.md#4-startup-errors,
+docs/simulator.md#4-memory-model), read against vLLM's source where those notes were silent:
 
 * config validation in ``create_engine_config`` order: ``ModelConfig`` (max_model_len), then
   ``CacheConfig`` (pydantic field bounds), ``SchedulerConfig`` (field bounds, then
@@ -43,15 +44,17 @@ GiB = 1024**3
 # Peak activation per batched token = ACT_COEFF * (I/tp + H) * dtype_bytes: the gated MLP's
 # gate_up output (2I) and activation output (I) plus ~3 hidden-sized buffers (residual, hidden,
 # norm output). c = 3 reproduces issue #10517 (Llama-3.1-8B: 2.07 GiB at 20 000 tokens, 2.99 at
-# 29 000) to 0.01 GiB: 0.1055 MiB/token vs the ~0.104 vllm.md derives. The intermediate size is
-# sharded by TP, hidden-sized buffers are replicated. [derived, uncertain beyond Llama-8B]
+# 29 000) to 0.01 GiB: 0.1055 MiB/token vs the ~0.104 derived in
+# docs/vllm.md#2-startup-memory-accounting. The intermediate size is sharded by TP,
+# hidden-sized buffers are replicated. [derived, uncertain beyond Llama-8B]
 ACT_COEFF = 3
 # Non-torch memory (NCCL, cuBLAS workspaces): measured 0.35 GiB at TP=1; BLIS's 0.6 GiB at TP>1.
 NON_TORCH_TP1 = int(0.35 * GiB)
 NON_TORCH_TPN = int(0.6 * GiB)
 # CUDA-graph estimate [uncertain]: each capture size costs GRAPH_BYTES_PER_LAYER per layer
 # (piecewise graphs are one per layer), plus the pool holding the largest graph's activations.
-# Gives ~0.45 GiB for Llama-8B at max_num_seqs >= 256 (vllm.md §2.1 assumes 0.4; 0.3-1 GiB).
+# Gives ~0.45 GiB for Llama-8B at max_num_seqs >= 256 (the H100 example of
+# docs/vllm.md#21-worked-examples assumes 0.4; reports range 0.3-1 GiB).
 GRAPH_BYTES_PER_LAYER = 256 * 1024
 # vLLM's default cudagraph_capture_sizes, cut at min(2 * max_num_seqs, 512, mnbt).
 _CAPTURE_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
@@ -59,8 +62,10 @@ _CAPTURE_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
 _API = "(APIServer pid=1)"
 _CORE = "(EngineCore pid=2)"
 _CORE_ERR = f"{_CORE} ERROR [core.py:1510]"
-_ENGINE_FAILED = ("RuntimeError: Engine core initialization failed. See root cause above. "
-                  "Failed core proc(s): {'EngineCore': 1}")
+_ENGINE_FAILED = (
+    "RuntimeError: Engine core initialization failed. See root cause above. "
+    "Failed core proc(s): {'EngineCore': 1}"
+)
 _DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
 _PYDANTIC_URL = "    For further information visit https://errors.pydantic.dev/2.14/v/"
 
@@ -85,15 +90,22 @@ def _config_error(cls: str, body: list[str], message: str, fc: FailureClass) -> 
     """A pydantic ``ValidationError`` as vLLM 0.32 prints it (traceback tail only)."""
     n = sum(1 for line in body if line.startswith(_PYDANTIC_URL))
     head = f"{n} validation error{'s' if n > 1 else ''} for {cls}"
-    lines = ("Traceback (most recent call last):",
-             f"pydantic_core._pydantic_core.ValidationError: {head}", *body)
+    lines = (
+        "Traceback (most recent call last):",
+        f"pydantic_core._pydantic_core.ValidationError: {head}",
+        *body,
+    )
     return SimStartupError(message or "\n".join([head, *body]), fc, lines)
 
 
-def _value_error(cls_name: str, msg: str, items: list[tuple[str, object]],
-                 fc: FailureClass) -> SimStartupError:
-    body = [f"  Value error, {msg} [type=value_error, input_value={_args_kwargs(items)}, "
-            "input_type=ArgsKwargs]", f"{_PYDANTIC_URL}value_error"]
+def _value_error(
+    cls_name: str, msg: str, items: list[tuple[str, object]], fc: FailureClass
+) -> SimStartupError:
+    body = [
+        f"  Value error, {msg} [type=value_error, input_value={_args_kwargs(items)}, "
+        "input_type=ArgsKwargs]",
+        f"{_PYDANTIC_URL}value_error",
+    ]
     return _config_error(cls_name, body, msg, fc)
 
 
@@ -101,8 +113,11 @@ def _field_errors(cls_name: str, bad: list[tuple[str, object, str, str]]) -> Sim
     """Field-bound errors ``(field, value, pydantic type, text)``, all reported together."""
     body: list[str] = []
     for field, value, typ, text in bad:
-        body += [field, f"  {text} [type={typ}, input_value={value!r}, "
-                 f"input_type={type(value).__name__}]", f"{_PYDANTIC_URL}{typ}"]
+        body += [
+            field,
+            f"  {text} [type={typ}, input_value={value!r}, input_type={type(value).__name__}]",
+            f"{_PYDANTIC_URL}{typ}",
+        ]
     return _config_error(cls_name, body, "", FailureClass.CONFIG_INVALID)
 
 
@@ -110,54 +125,83 @@ def validate_config(model: ModelProfile, args: ResolvedArgs) -> None:
     """Raise :class:`SimStartupError` for the first config vLLM 0.32 rejects, in vLLM's order."""
     mml, mns, mnbt = args.max_model_len, args.max_num_seqs, args.max_num_batched_tokens
     if mml > model.max_position_embeddings:
-        msg = (f"User-specified max_model_len ({mml}) is greater than the derived max_model_len "
-               f"(max_position_embeddings={float(model.max_position_embeddings)} or "
-               "model_max_length=None in model's config.json). To allow overriding this maximum, "
-               "set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN "
-               "must be used with extreme caution. If the model uses relative position encoding "
-               "(RoPE), positions exceeding derived_max_model_len lead to nan. If the model uses "
-               "absolute position encoding, positions exceeding derived_max_model_len will cause "
-               "a CUDA array out-of-bounds error.")
-        raise _value_error("ModelConfig", msg, [("model", model.name), ("max_model_len", mml),
-                                                ("renderer_num_workers", 1)],
-                           FailureClass.MAXLEN_GT_MODEL)
+        msg = (
+            f"User-specified max_model_len ({mml}) is greater than the derived max_model_len "
+            f"(max_position_embeddings={float(model.max_position_embeddings)} or "
+            "model_max_length=None in model's config.json). To allow overriding this maximum, "
+            "set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN "
+            "must be used with extreme caution. If the model uses relative position encoding "
+            "(RoPE), positions exceeding derived_max_model_len lead to nan. If the model uses "
+            "absolute position encoding, positions exceeding derived_max_model_len will cause "
+            "a CUDA array out-of-bounds error."
+        )
+        raise _value_error(
+            "ModelConfig",
+            msg,
+            [("model", model.name), ("max_model_len", mml), ("renderer_num_workers", 1)],
+            FailureClass.MAXLEN_GT_MODEL,
+        )
     util = args.gpu_memory_utilization
     cache_bad: list[tuple[str, object, str, str]] = []  # in CacheConfig's field order
     if args.block_size <= 0:
-        cache_bad.append(("block_size", args.block_size, "greater_than",
-                          "Input should be greater than 0"))
+        cache_bad.append(
+            ("block_size", args.block_size, "greater_than", "Input should be greater than 0")
+        )
     if not util > 0:  # also catches NaN, as pydantic's gt=0 does
-        cache_bad.append(("gpu_memory_utilization", util, "greater_than",
-                          "Input should be greater than 0"))
+        cache_bad.append(
+            ("gpu_memory_utilization", util, "greater_than", "Input should be greater than 0")
+        )
     elif util > 1:
-        cache_bad.append(("gpu_memory_utilization", util, "less_than_equal",
-                          "Input should be less than or equal to 1"))
+        cache_bad.append(
+            (
+                "gpu_memory_utilization",
+                util,
+                "less_than_equal",
+                "Input should be less than or equal to 1",
+            )
+        )
     if cache_bad:
         raise _field_errors("CacheConfig", cache_bad)
-    sched_bad = [(f, v, "greater_than_equal", "Input should be greater than or equal to 1")
-                 for f, v in (("max_num_batched_tokens", mnbt), ("max_num_seqs", mns)) if v < 1]
+    sched_bad = [
+        (f, v, "greater_than_equal", "Input should be greater than or equal to 1")
+        for f, v in (("max_num_batched_tokens", mnbt), ("max_num_seqs", mns))
+        if v < 1
+    ]
     if sched_bad:
         raise _field_errors("SchedulerConfig", list(sched_bad))
     items: list[tuple[str, object]] = [
-        ("runner_type", "generate"), ("max_num_batched_tokens", mnbt), ("max_num_seqs", mns),
-        ("max_model_len", mml), ("stream_interval", 1)]
+        ("runner_type", "generate"),
+        ("max_num_batched_tokens", mnbt),
+        ("max_num_seqs", mns),
+        ("max_model_len", mml),
+        ("stream_interval", 1),
+    ]
     if not args.enable_chunked_prefill and mnbt < mml:
-        msg = (f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({mml}). This "
-               "effectively limits the maximum sequence length to max_num_batched_tokens and "
-               "makes vLLM reject longer sequences. Please increase max_num_batched_tokens or "
-               "decrease max_model_len.")
+        msg = (
+            f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({mml}). This "
+            "effectively limits the maximum sequence length to max_num_batched_tokens and "
+            "makes vLLM reject longer sequences. Please increase max_num_batched_tokens or "
+            "decrease max_model_len."
+        )
         raise _value_error("SchedulerConfig", msg, items, FailureClass.MNBT_LT_MAXLEN)
     if mnbt < mns:
-        msg = (f"max_num_batched_tokens ({mnbt}) must be greater than or equal to "
-               f"max_num_seqs ({mns}).")
+        msg = (
+            f"max_num_batched_tokens ({mnbt}) must be greater than or equal to "
+            f"max_num_seqs ({mns})."
+        )
         raise _value_error("SchedulerConfig", msg, items, FailureClass.MNBT_LT_MNS)
     tp = args.tensor_parallel_size
     if tp < 1 or model.num_heads % tp:
-        msg = (f"Total number of attention heads ({model.num_heads}) must be divisible by "
-               f"tensor parallel size ({tp}).")
-        raise _value_error("VllmConfig", msg, [("model_config", model.name),
-                                               ("parallel_config", tp)],
-                           FailureClass.CONFIG_INVALID)
+        msg = (
+            f"Total number of attention heads ({model.num_heads}) must be divisible by "
+            f"tensor parallel size ({tp})."
+        )
+        raise _value_error(
+            "VllmConfig",
+            msg,
+            [("model_config", model.name), ("parallel_config", tp)],
+            FailureClass.CONFIG_INVALID,
+        )
 
 
 # -- memory pieces ---------------------------------------------------------------------------
@@ -166,19 +210,27 @@ def activation_bytes_per_token(model: ModelProfile, tp: int = 1) -> int:
     return ACT_COEFF * (model.intermediate_size // tp + model.hidden_size) * model.dtype_bytes
 
 
-def cudagraph_memory_bytes(model: ModelProfile, tp: int, max_num_seqs: int,
-                           max_num_batched_tokens: int) -> int:
+def cudagraph_memory_bytes(
+    model: ModelProfile, tp: int, max_num_seqs: int, max_num_batched_tokens: int
+) -> int:
     """CUDA-graph memory estimate on one TP rank [uncertain, see ``GRAPH_BYTES_PER_LAYER``]."""
     cap = min(2 * max_num_seqs, 512, max_num_batched_tokens)
     n_sizes = sum(1 for s in _CAPTURE_SIZES if s <= cap)
     return n_sizes * model.num_layers * GRAPH_BYTES_PER_LAYER + cap * activation_bytes_per_token(
-        model, tp)
+        model, tp
+    )
 
 
-def kv_blocks_from_pieces(total_bytes: float, utilization: float, weights_bytes: float,
-                          activation_bytes: float, non_torch_bytes: float,
-                          block_bytes_all_layers: float, sampler_bytes: float = 0,
-                          cudagraph_bytes: float = 0) -> int:
+def kv_blocks_from_pieces(
+    total_bytes: float,
+    utilization: float,
+    weights_bytes: float,
+    activation_bytes: float,
+    non_torch_bytes: float,
+    block_bytes_all_layers: float,
+    sampler_bytes: float = 0,
+    cudagraph_bytes: float = 0,
+) -> int:
     """KV blocks vLLM allocates: ``floor((ceil(total * util) - non-KV pieces) / block)``.
 
     ``block_bytes_all_layers`` is one block across all layers (``page_size * num_layers``), so
@@ -187,14 +239,17 @@ def kv_blocks_from_pieces(total_bytes: float, utilization: float, weights_bytes:
     available <= 0) checks the available bytes itself, as :func:`plan_memory` does.
     """
     available = math.ceil(total_bytes * utilization) - (
-        weights_bytes + activation_bytes + non_torch_bytes + sampler_bytes + cudagraph_bytes)
+        weights_bytes + activation_bytes + non_torch_bytes + sampler_bytes + cudagraph_bytes
+    )
     return max(0, int(available // block_bytes_all_layers))
 
 
-def estimate_max_model_len(available_bytes: int, block_bytes_all_layers: int, block_size: int,
-                           max_model_len: int) -> int:
+def estimate_max_model_len(
+    available_bytes: int, block_bytes_all_layers: int, block_size: int, max_model_len: int
+) -> int:
     """vLLM's ``_estimate_max_model_len_from_groups``: binary search in ``[1, max_model_len]``
     for the largest length whose ``cdiv(len, block_size)`` blocks fit; 0 if one token does not."""
+
     def fits(n: int) -> bool:
         return _cdiv(n, block_size) * block_bytes_all_layers <= available_bytes
 
@@ -233,9 +288,13 @@ class MemoryPlan:
 
 def _engine_failure(before: list[str], msg: str, fc: FailureClass) -> SimStartupError:
     """A ValueError in the EngineCore as vLLM logs it, then the API server's wrapper line."""
-    lines = (*before, f"{_CORE_ERR} EngineCore failed to start.",
-             f"{_CORE_ERR} Traceback (most recent call last):",
-             f"{_CORE_ERR} ValueError: {msg}", _ENGINE_FAILED)
+    lines = (
+        *before,
+        f"{_CORE_ERR} EngineCore failed to start.",
+        f"{_CORE_ERR} Traceback (most recent call last):",
+        f"{_CORE_ERR} ValueError: {msg}",
+        _ENGINE_FAILED,
+    )
     return SimStartupError(msg, fc, lines)
 
 
@@ -253,17 +312,25 @@ def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedAr
     requested = math.ceil(total * util)
     log: list[str] = []
     if args.enable_chunked_prefill:
-        log.append(f"{_API} INFO [scheduler.py:307] Chunked prefill is enabled with "
-                   f"max_num_batched_tokens={mnbt}.")
+        log.append(
+            f"{_API} INFO [scheduler.py:307] Chunked prefill is enabled with "
+            f"max_num_batched_tokens={mnbt}."
+        )
     if free < requested:  # GPU wording; vLLM 0.32 names the device (cuda:0)
-        raise _engine_failure(log, (
-            f"Free memory on device cuda:0 ({_gib(free)}/{_gib(total)} GiB) on startup is less "
-            f"than desired GPU memory utilization ({util}, {_gib(requested)} GiB). Decrease GPU "
-            "memory utilization or reduce GPU memory used by other processes."),
-            FailureClass.FREE_MEMORY)
+        raise _engine_failure(
+            log,
+            (
+                f"Free memory on device cuda:0 ({_gib(free)}/{_gib(total)} GiB) on startup is less "
+                f"than desired GPU memory utilization ({util}, {_gib(requested)} GiB). Decrease "
+                "GPU "
+                "memory utilization or reduce GPU memory used by other processes."
+            ),
+            FailureClass.FREE_MEMORY,
+        )
     weights = model.weight_bytes(tp)
-    log.append(f"{_CORE} INFO [gpu_model_runner.py] Loading model weights took "
-               f"{weights / GiB:.4f} GB")
+    log.append(
+        f"{_CORE} INFO [gpu_model_runner.py] Loading model weights took {weights / GiB:.4f} GB"
+    )
     activation = activation_bytes_per_token(model, tp) * mnbt
     # Profile-run sampler: float32 logits [min(mnbt, mns), vocab]. Every TP rank holds the
     # gathered full-vocab logits, so this is not divided by TP.
@@ -272,20 +339,21 @@ def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedAr
     cudagraph = 0
     if args.kv_cache_memory_bytes:  # vLLM tests truthiness: 0 means "unset" on the GPU worker
         available = args.kv_cache_memory_bytes
-        log.append(f"{_CORE} INFO [gpu_worker.py] Initial free memory {_gib(free)} GiB, reserved "
-                   f"{_gib(available)} GiB memory for KV Cache as specified by "
-                   "kv_cache_memory_bytes config and skipped memory profiling. This does not "
-                   "respect the gpu_memory_utilization config. Only use kv_cache_memory_bytes "
-                   "config when you want manual control of KV cache memory size. If OOM'ed, "
-                   "check the difference of initial free memory between the current run and "
-                   "the previous run where kv_cache_memory_bytes is suggested and update it "
-                   "correspondingly.")
+        log.append(
+            f"{_CORE} INFO [gpu_worker.py] Initial free memory {_gib(free)} GiB, reserved "
+            f"{_gib(available)} GiB memory for KV Cache as specified by "
+            "kv_cache_memory_bytes config and skipped memory profiling. This does not "
+            "respect the gpu_memory_utilization config. Only use kv_cache_memory_bytes "
+            "config when you want manual control of KV cache memory size. If OOM'ed, "
+            "check the difference of initial free memory between the current run and "
+            "the previous run where kv_cache_memory_bytes is suggested and update it "
+            "correspondingly."
+        )
     else:
         if args.sim_estimate_cudagraph_memory and not args.enforce_eager:
             cudagraph = cudagraph_memory_bytes(model, tp, mns, mnbt)
         available = requested - (weights + activation + sampler + non_torch + cudagraph)
-        log.append(f"{_CORE} INFO [gpu_worker.py] Available KV cache memory: "
-                   f"{_gib(available)} GiB")
+        log.append(f"{_CORE} INFO [gpu_worker.py] Available KV cache memory: {_gib(available)} GiB")
         if cudagraph:
             delta = cudagraph / total
             log.append(
@@ -294,11 +362,17 @@ def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedAr
                 f"to --gpu-memory-utilization={round(util - delta, 4):.4f} without CUDA graph "
                 "memory profiling. To maintain the same effective KV cache size as before, "
                 f"increase --gpu-memory-utilization to {min(round(util + delta, 4), 1.0):.4f}. "
-                "To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.")
+                "To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0."
+            )
     if available <= 0:
-        raise _engine_failure(log, (
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            f"when initializing the engine. {_DOCS}"), FailureClass.NO_KV_MEMORY)
+        raise _engine_failure(
+            log,
+            (
+                "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                f"when initializing the engine. {_DOCS}"
+            ),
+            FailureClass.NO_KV_MEMORY,
+        )
     block_bytes = model.page_bytes_per_layer(bs, tp) * model.num_layers
     num_blocks = available // block_bytes
     per_request = _cdiv(mml, bs)
@@ -308,23 +382,44 @@ def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedAr
     usable = available - block_bytes
     if per_request * block_bytes > usable:  # == vLLM's needed_memory > available_memory
         est = estimate_max_model_len(max(usable, 0), block_bytes, bs, mml)
-        est_msg = (f"Based on the available memory, the estimated maximum model length is {est}. "
-                   if est > 0 else "")
-        raise _engine_failure(log, (
-            f"To serve at least one request with the model's max seq len ({mml}), "
-            f"({_gib(per_request * block_bytes)} GiB KV cache is needed, which is larger than "
-            f"the available KV cache memory ({_gib(max(usable, 0))} GiB). {est_msg}Try increasing "
-            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-            f"engine. {_DOCS}"), FailureClass.KV_TOO_SMALL)
+        est_msg = (
+            f"Based on the available memory, the estimated maximum model length is {est}. "
+            if est > 0
+            else ""
+        )
+        raise _engine_failure(
+            log,
+            (
+                f"To serve at least one request with the model's max seq len ({mml}), "
+                f"({_gib(per_request * block_bytes)} GiB KV cache is needed, which is larger than "
+                f"the available KV cache memory ({_gib(max(usable, 0))} GiB). {est_msg}Try "
+                "increasing "
+                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+                f"engine. {_DOCS}"
+            ),
+            FailureClass.KV_TOO_SMALL,
+        )
     concurrency = num_blocks / per_request
     # 0.32 logs (and labels kv_cache_size_tokens with) int(concurrency * max_model_len), which
     # equals kv_tokens whenever block_size divides max_model_len.
-    log.append(f"{_CORE} INFO [kv_cache_utils.py:2327] GPU KV cache size: "
-               f"{int(concurrency * mml):,} tokens, Maximum concurrency for {mml:,} tokens per "
-               f"request: {concurrency:.2f}x")
+    log.append(
+        f"{_CORE} INFO [kv_cache_utils.py:2327] GPU KV cache size: "
+        f"{int(concurrency * mml):,} tokens, Maximum concurrency for {mml:,} tokens per "
+        f"request: {concurrency:.2f}x"
+    )
     return MemoryPlan(
-        total_bytes=total, requested_bytes=requested, free_bytes_at_start=free,
-        weights_bytes=weights, activation_bytes=activation, sampler_bytes=sampler,
-        non_torch_bytes=non_torch, cudagraph_bytes=cudagraph, available_kv_bytes=available,
-        num_blocks=num_blocks, block_size=bs, kv_tokens=num_blocks * bs,
-        max_concurrency=concurrency, log_lines=tuple(log))
+        total_bytes=total,
+        requested_bytes=requested,
+        free_bytes_at_start=free,
+        weights_bytes=weights,
+        activation_bytes=activation,
+        sampler_bytes=sampler,
+        non_torch_bytes=non_torch,
+        cudagraph_bytes=cudagraph,
+        available_kv_bytes=available,
+        num_blocks=num_blocks,
+        block_size=bs,
+        kv_tokens=num_blocks * bs,
+        max_concurrency=concurrency,
+        log_lines=tuple(log),
+    )

@@ -1,10 +1,10 @@
 """vLLM 0.32's Prometheus ``/metrics`` page, driven by the simulated engine.
 
 Families, types, HELP strings, labels and buckets are copied from a real vLLM 0.32 page
-(``vllm-0.32-cpu-captures/metrics_after.txt``; ``vllm.md`` §6), so dashboards, the tuner's
-scraper and Prometheus rules written for real vLLM read the simulator unchanged. Families the
-simulation cannot drive (multimodal and external prefix caches, MFU estimates, sleep state,
-admission rejections) are exposed with the values a plain vLLM shows.
+(``tests/data/captures/metrics_after.txt``; docs/vllm.md#6-prometheus-metrics), so
+dashboards, the tuner's scraper and Prometheus rules written for real vLLM read the simulator
+unchanged. Families the simulation cannot drive (multimodal and external prefix caches, MFU
+estimates, sleep state, admission rejections) are exposed with the values a plain vLLM shows.
 
 Each instance owns its own ``CollectorRegistry``: several simulated servers (and tests) in one
 process must not share or collide on the global registry. All times passed in are engine
@@ -26,13 +26,76 @@ __all__ = [
     "build_1_2_5_buckets",
 ]
 
-# Buckets from vllm/v1/metrics/loggers.py, confirmed identical on the 0.32 page (vllm.md §6.3).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-               7.5, 10.0, 20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Buckets from vllm/v1/metrics/loggers.py, confirmed identical on the 0.32 page
+# (docs/vllm.md#63-histogram-buckets).
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
@@ -47,36 +110,60 @@ _ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 # vllm:cache_config_info's full label set with the values of the captured page (CPU backend,
 # 1 GiB KV space); callers override what the simulated config determines.
 CACHE_CONFIG_DEFAULTS: dict[str, str] = {
-    "_block_size_resolved": "True", "block_size": "128", "cache_dtype": "auto",
-    "cache_hit_alignment_tokens": "None", "effective_attention_block_size": "128",
-    "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
-    "gpu_memory_utilization": "0.92", "hash_block_size": "None", "is_attention_free": "False",
-    "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None",
-    "kv_cache_max_concurrency": "2048.0", "kv_cache_memory_bytes": "1073741824",
-    "kv_cache_size_tokens": "2097152", "kv_offloading_backend": "native",
-    "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False",
-    "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_cache_mode": "none",
-    "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": "float32",
-    "num_cpu_blocks": "None", "num_gpu_blocks": "16384", "num_gpu_blocks_override": "None",
-    "prefix_cache_retention_interval": "0", "prefix_caching_hash_algo": "sha256",
-    "prefix_match_unit": "None", "replayssm_buffer_len": "16", "skip_page_size_padded": "None",
-    "sliding_window": "None", "swa_bounded_replay": "True", "use_kda_recoverssm": "False",
-    "use_replayssm": "False", "user_specified_block_size": "False",
+    "_block_size_resolved": "True",
+    "block_size": "128",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "effective_attention_block_size": "128",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "True",
+    "gpu_memory_utilization": "0.92",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_max_concurrency": "2048.0",
+    "kv_cache_memory_bytes": "1073741824",
+    "kv_cache_size_tokens": "2097152",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "float32",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "16384",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "False",
 }
 
 _MFU_HELP = "(for Model Flops Utilization calculations)."
 _WAITING_HELP = (
     "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
     "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
-    "blocked status). Sum of all reasons equals vllm:num_requests_waiting.")
+    "blocked status). Sum of all reasons equals vllm:num_requests_waiting."
+)
 _SLEEP_HELP = (
     "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
-    "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.")
+    "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2."
+)
 _CACHED_BY_SOURCE_HELP = (
     "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
     "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
     "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
-    "vllm:external_prefix_cache_hits.")
+    "vllm:external_prefix_cache_hits."
+)
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -111,136 +198,217 @@ class VllmMetrics:
         tokens = build_1_2_5_buckets(max_model_len)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, ["model_name", "engine"],
-                           registry=self.registry).labels(**self._labels)
+            return Counter(name, doc, ["model_name", "engine"], registry=self.registry).labels(
+                **self._labels
+            )
 
-        def counters(name: str, doc: str, label: str, values: Sequence[str],
-                     engine: bool = True) -> dict[str, Counter]:
+        def counters(
+            name: str, doc: str, label: str, values: Sequence[str], engine: bool = True
+        ) -> dict[str, Counter]:
             base = {"model_name": model_name, **({"engine": "0"} if engine else {})}
             family = Counter(name, doc, [*base, label], registry=self.registry)
             return {v: family.labels(**base, **{label: v}) for v in values}
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, ["model_name", "engine"],
-                         registry=self.registry).labels(**self._labels)
+            return Gauge(name, doc, ["model_name", "engine"], registry=self.registry).labels(
+                **self._labels
+            )
 
         def gauges(name: str, doc: str, label: str, values: Sequence[str]) -> dict[str, Gauge]:
             family = Gauge(name, doc, ["model_name", "engine", label], registry=self.registry)
             return {v: family.labels(**self._labels, **{label: v}) for v in values}
 
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, doc, ["model_name", "engine"], buckets=buckets,
-                             registry=self.registry).labels(**self._labels)
+            return Histogram(
+                name, doc, ["model_name", "engine"], buckets=buckets, registry=self.registry
+            ).labels(**self._labels)
 
         # Counters are named without `_total`: prometheus_client appends it (and `_created`).
-        counter("vllm:estimated_flops_per_gpu",
-                f"Estimated number of floating point operations per GPU {_MFU_HELP}")
-        counter("vllm:estimated_read_bytes_per_gpu",
-                f"Estimated number of bytes read from memory per GPU {_MFU_HELP}")
-        counter("vllm:estimated_write_bytes_per_gpu",
-                f"Estimated number of bytes written to memory per GPU {_MFU_HELP}")
-        self.running = gauge("vllm:num_requests_running",
-                             "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting",
-                             "Number of requests waiting to be processed.")
-        self.waiting_by_reason = gauges("vllm:num_requests_waiting_by_reason", _WAITING_HELP,
-                                        "reason", _WAITING_REASONS)
-        gauges("vllm:engine_sleep_state", _SLEEP_HELP, "sleep_state",
-               _SLEEP_STATES)["awake"].set(1)
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc",
-                              "KV-cache usage. 1 means 100 percent usage.")
+        counter(
+            "vllm:estimated_flops_per_gpu",
+            f"Estimated number of floating point operations per GPU {_MFU_HELP}",
+        )
+        counter(
+            "vllm:estimated_read_bytes_per_gpu",
+            f"Estimated number of bytes read from memory per GPU {_MFU_HELP}",
+        )
+        counter(
+            "vllm:estimated_write_bytes_per_gpu",
+            f"Estimated number of bytes written to memory per GPU {_MFU_HELP}",
+        )
+        self.running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.waiting_by_reason = gauges(
+            "vllm:num_requests_waiting_by_reason", _WAITING_HELP, "reason", _WAITING_REASONS
+        )
+        gauges("vllm:engine_sleep_state", _SLEEP_HELP, "sleep_state", _SLEEP_STATES)["awake"].set(1)
+        self.kv_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = counter("vllm:prefix_cache_hits",
-                                   "Prefix cache hits, in terms of number of cached tokens.")
-        counter("vllm:external_prefix_cache_queries",
-                "External prefix cache queries from KV connector cross-instance cache sharing, "
-                "in terms of number of queried tokens.")
-        counter("vllm:external_prefix_cache_hits",
-                "External prefix cache hits from KV connector cross-instance cache sharing, "
-                "in terms of number of cached tokens.")
-        counter("vllm:mm_cache_queries",
-                "Multi-modal cache queries, in terms of number of queried items.")
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
+        )
+        counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
+        )
+        counter(
+            "vllm:mm_cache_queries",
+            "Multi-modal cache queries, in terms of number of queried items.",
+        )
         counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
-        self.preemptions = counter("vllm:num_preemptions",
-                                   "Cumulative number of preemption from the engine.")
+        self.preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.prompt_by_source = counters("vllm:prompt_tokens_by_source",
-                                         "Number of prompt tokens by source.", "source",
-                                         _PROMPT_SOURCES)
-        self.prompt_cached = counter("vllm:prompt_tokens_cached",
-                                     "Number of cached prompt tokens (local + external).")
-        self.prompt_cached_by_source = counters("vllm:prompt_tokens_cached_by_source",
-                                                _CACHED_BY_SOURCE_HELP, "source", _CACHED_SOURCES)
-        self.generation_tokens = counter("vllm:generation_tokens",
-                                         "Number of generation tokens processed.")
-        self.request_success = counters("vllm:request_success",
-                                        "Count of successfully processed requests.",
-                                        "finished_reason", FINISHED_REASONS)
+        self.prompt_by_source = counters(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            "source",
+            _PROMPT_SOURCES,
+        )
+        self.prompt_cached = counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
+        )
+        self.prompt_cached_by_source = counters(
+            "vllm:prompt_tokens_cached_by_source", _CACHED_BY_SOURCE_HELP, "source", _CACHED_SOURCES
+        )
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.request_success = counters(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            "finished_reason",
+            FINISHED_REASONS,
+        )
         # The one family without `engine` on the real page: admission happens in the frontend.
         self.admission_rejections = counters(
             "vllm:admission_rejections",
-            "Number of admission attempts rejected by a queue limit, by reason.", "reason",
-            _ADMISSION_REASONS, engine=False)
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            "reason",
+            _ADMISSION_REASONS,
+            engine=False,
+        )
         self.request_prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
         self.request_generation_tokens = histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
         # A histogram despite the `_total` in its name, as in vLLM.
         self.iteration_tokens = histogram(
-            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-            ITERATION_TOKENS_BUCKETS)
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKENS_BUCKETS,
+        )
         self.max_generation_tokens = histogram(
             "vllm:request_max_num_generation_tokens",
-            "Histogram of maximum number of requested generation tokens.", tokens)
-        self.params_n = histogram("vllm:request_params_n",
-                                  "Histogram of the n request parameter.", N_BUCKETS)
+            "Histogram of maximum number of requested generation tokens.",
+            tokens,
+        )
+        self.params_n = histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS
+        )
         self.params_max_tokens = histogram(
-            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-            tokens)
-        self.ttft = histogram("vllm:time_to_first_token_seconds",
-                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds",
-                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
-        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
-                              "Histogram of time_per_output_token_seconds per request.",
-                              ITL_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds",
-                             "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.",
-                                    REQUEST_LATENCY_BUCKETS)
-        self.inference_time = histogram("vllm:request_inference_time_seconds",
-                                        "Histogram of time spent in RUNNING phase for request.",
-                                        REQUEST_LATENCY_BUCKETS)
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
-                                      "Histogram of time spent in PREFILL phase for request.",
-                                      REQUEST_LATENCY_BUCKETS)
-        self.decode_time = histogram("vllm:request_decode_time_seconds",
-                                     "Histogram of time spent in DECODE phase for request.",
-                                     REQUEST_LATENCY_BUCKETS)
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            tokens,
+        )
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        )
+        self.tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
         self.request_preemptions = histogram(
             "vllm:request_num_preemptions",
-            "Histogram of the number of times a request was preempted.", PREEMPTION_BUCKETS)
+            "Histogram of the number of times a request was preempted.",
+            PREEMPTION_BUCKETS,
+        )
         self.prefill_kv_computed = histogram(
             "vllm:request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-            tokens)
+            tokens,
+        )
         # An info-style gauge (value 1); its labels carry the cache config, no model_name.
         info = {"engine": "0", **CACHE_CONFIG_DEFAULTS, **cache_labels}
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-              list(info), registry=self.registry).labels(**info).set(1)
+        Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            list(info),
+            registry=self.registry,
+        ).labels(**info).set(1)
 
-    def observe_step(self, *, iteration_tokens: int, prompt_tokens: int, generation_tokens: int,
-                     running: int, waiting: int, kv_usage: float, preemptions: int,
-                     prefix_queries: int, prefix_hits: int) -> None:
+    def observe_step(
+        self,
+        *,
+        iteration_tokens: int,
+        prompt_tokens: int,
+        generation_tokens: int,
+        running: int,
+        waiting: int,
+        kv_usage: float,
+        preemptions: int,
+        prefix_queries: int,
+        prefix_hits: int,
+    ) -> None:
         """Record one engine step.
 
-        ``prompt_tokens`` follows vLLM: a request's whole prompt (cached part included) counts
-        in the step that emits its first token. ``preemptions``, ``prefix_queries`` and
-        ``prefix_hits`` (tokens) are this step's increments; the gauges take the step's values.
+        ``prompt_tokens`` (``vllm:prompt_tokens_total``) is the sum of the *whole* prompts of
+        the requests whose first token this step emitted, prefix-cache hits included: not
+        the tokens the step computed. Real 0.32 counted 640 for one 320-token prompt sent
+        twice, 384 computed plus 256 cached (tests/data/captures/prompt_tokens_cached.txt).
+        ``preemptions``, ``prefix_queries`` and ``prefix_hits`` (tokens) are this step's
+        increments; the gauges take the step's values.
         """
         self.iteration_tokens.observe(iteration_tokens)
         self.prompt_tokens.inc(prompt_tokens)
@@ -260,11 +428,22 @@ class VllmMetrics:
         for gap in gaps:
             self.itl.observe(gap)
 
-    def observe_finished(self, *, finished_reason: str, prompt_tokens: int,
-                         generation_tokens: int, max_tokens: int, n: int, arrival: float,
-                         scheduled: float, first_token: float, finish: float,
-                         num_preemptions: int, prefill_computed_tokens: int,
-                         cached_prompt_tokens: int) -> None:
+    def observe_finished(
+        self,
+        *,
+        finished_reason: str,
+        prompt_tokens: int,
+        generation_tokens: int,
+        max_tokens: int,
+        n: int,
+        arrival: float,
+        scheduled: float,
+        first_token: float,
+        finish: float,
+        num_preemptions: int,
+        prefill_computed_tokens: int,
+        cached_prompt_tokens: int,
+    ) -> None:
         """Record one finished request (engine-second timestamps), as vLLM's logger does.
 
         One call is one request: ``n`` and the max generation length are observed per call,

@@ -1,9 +1,9 @@
 """Model profiles: architecture numbers from a Hugging Face ``config.json`` or a built-in table.
 
-Derived quantities follow ``simulator.md`` §6: parameters per layer (QKV, O, gated MLP),
-weight bytes, KV bytes per token ``2 * L * n_kv * head_dim * dtype``; tensor parallelism
-divides weights and KV heads the way vLLM shards them (KV heads are replicated when
-``tp > n_kv``).
+Derived quantities follow docs/simulator.md#6-model-constants: parameters per layer (QKV, O,
+gated MLP), weight bytes, KV bytes per token ``2 * L * n_kv * head_dim * dtype``; tensor
+parallelism divides weights and KV heads the way vLLM shards them (KV heads are replicated
+when ``tp > n_kv``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,27 @@ from autotune.errors import ProfileError
 
 __all__ = ["ModelProfile", "builtin_models", "get_model", "load_model_config"]
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
-                "float8": 1, "fp8": 1, "float8_e4m3fn": 1}
+_DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "float8": 1,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+}
 
 # vLLM's _get_and_verify_max_len reads the smallest of these keys when present.
-_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                 "max_sequence_length", "max_seq_length", "seq_len")
+_MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +59,8 @@ class ModelProfile:
     # -- derived -------------------------------------------------------------------
     @property
     def params_per_layer(self) -> int:
-        """QKV + O + gated MLP weights of one decoder layer (P_layer in simulator.md §3.1)."""
+        """QKV + O + gated MLP weights of one decoder layer (P_layer in
+        docs/simulator.md#31-formula)."""
         h, hd = self.hidden_size, self.head_dim
         qkv = h * hd * (self.num_heads + 2 * self.num_kv_heads)
         o = self.num_heads * hd * h
@@ -78,14 +94,35 @@ class ModelProfile:
         return replace(self, name=name)
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int,
-           max_pos: int, tie: bool = False, bias: bool = False) -> ModelProfile:
-    return ModelProfile(name, layers, hidden, heads, kv, hidden // heads, inter, vocab, max_pos,
-                        tie_word_embeddings=tie, qkv_bias=bias)
+def _llama(
+    name: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv: int,
+    inter: int,
+    vocab: int,
+    max_pos: int,
+    tie: bool = False,
+    bias: bool = False,
+) -> ModelProfile:
+    return ModelProfile(
+        name,
+        layers,
+        hidden,
+        heads,
+        kv,
+        hidden // heads,
+        inter,
+        vocab,
+        max_pos,
+        tie_word_embeddings=tie,
+        qkv_bias=bias,
+    )
 
 
-# Architecture numbers from the models' public config.json files (simulator.md §6 for the
-# first four; the rest from their published configs).
+# Architecture numbers from the models' public config.json files (the first four as in
+# docs/simulator.md#6-model-constants; the rest from their published configs).
 _BUILTIN: tuple[ModelProfile, ...] = (
     _llama("meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 8, 14336, 128256, 131072),
     _llama("meta-llama/Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256, 131072),
@@ -99,7 +136,8 @@ _BUILTIN: tuple[ModelProfile, ...] = (
     _llama("Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 27648, 152064, 32768, bias=True),
     _llama("Qwen/Qwen2.5-1.5B-Instruct", 28, 1536, 12, 2, 8960, 151936, 32768, tie=True, bias=True),
     _llama("mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 14336, 32768, 32768),
-    # The tiny Llama the real-vLLM CPU tests build (vllm-cpu.md): KV 512 B/token.
+    # The tiny Llama the real-vLLM CPU tests build (docs/vllm-cpu.md#3-the-tiny-test-model):
+    # KV 512 B/token.
     ModelProfile("autotune/tiny-llama", 2, 128, 4, 2, 32, 256, 2000, 4096),
 )
 

@@ -69,8 +69,15 @@ class Req:
         "user",
     )
 
-    def __init__(self, idx: int, prompt_len: int, max_tokens: int, arrival: float,
-                 hashes: list[int], user: object = None) -> None:
+    def __init__(
+        self,
+        idx: int,
+        prompt_len: int,
+        max_tokens: int,
+        arrival: float,
+        hashes: list[int],
+        user: object = None,
+    ) -> None:
         self.idx = idx
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
@@ -134,6 +141,7 @@ class RequestTiming:
 
     @property
     def tpot(self) -> float:
-        """(e2e - ttft) / (n - 1), 0 for a single-token output (loadgen.md definition)."""
+        """(e2e - ttft) / (n - 1), 0 for a single-token output (the definition in
+        docs/loadgen.md#11-per-request-timings)."""
         n = len(self.token_times)
         return (self.finish - self.first_token) / (n - 1) if n > 1 else 0.0

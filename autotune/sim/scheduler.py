@@ -1,6 +1,6 @@
-"""A port of vLLM V1's scheduler (``vllm/v1/core/sched/scheduler.py``; ``vllm.md`` §3).
+"""A port of vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py``.
 
-Semantics kept exactly:
+Semantics kept exactly (docs/vllm.md#3-the-v1-scheduler):
 - one token budget (``max_num_batched_tokens``) per step; at most ``max_num_seqs`` running;
 - RUNNING requests first, in list order: ``num_new = num_tokens - num_computed``, clamped by
   ``long_prefill_token_threshold``, the remaining budget and ``max_model_len - 1 - computed``;

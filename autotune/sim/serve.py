@@ -1,8 +1,9 @@
 """``autotune sim serve``: the simulated engine behind vLLM's command line and HTTP API.
 
-Flags are spelled and defaulted as ``vllm serve`` 0.32 spells them; flags that do not change
-the simulation but are common in real launch commands are accepted and logged as ignored;
-an unknown flag is an argparse error (exit 2), as in vLLM. Startup prints vLLM's log lines
+Flags are spelled and defaulted as ``vllm serve`` 0.32 spells them. Every other flag of vLLM
+0.32 (the shipped list, :mod:`autotune.workers.flags`) is accepted, its value checked as vLLM
+checks it, and logged as ignored; a flag vLLM does not have, or a value it refuses, is an
+argparse error (exit 2), as in vLLM. Startup prints vLLM's log lines
 and fails with vLLM's texts and exit code 1; the port is bound only once the engine is
 ready, so ``/health`` never answers before that (as with vLLM).
 """
@@ -12,12 +13,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
-from typing import IO
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, NoReturn
 
 from aiohttp import web
 
@@ -28,76 +33,210 @@ from autotune.sim.hardware import get_hardware
 from autotune.sim.memory import validate_config
 from autotune.sim.models import get_model
 from autotune.sim.server import VLLM_VERSION, SimServer
+from autotune.workers.flags import FlagSpec, check_value, flag_table
 
-__all__ = ["build_parser", "main", "run"]
+VLLM_FLAGS_VERSION = flag_table().vllm_version
+
+__all__ = ["build_parser", "main", "normalize_argv", "run"]
 
 log = logging.getLogger("autotune.sim.serve")
 
-# Accepted for compatibility with real launch commands; they do not change the simulation.
-_IGNORED_WITH_VALUE = (
-    "--dtype", "--load-format", "--seed", "--tokenizer", "--swap-space", "--uvicorn-log-level",
-    "--max-logprobs", "--generation-config", "--kv-cache-dtype", "--quantization", "--revision",
-    "--download-dir", "--distributed-executor-backend", "--show-hidden-metrics-for-version",
-    "--compilation-config", "--tokenizer-mode", "--chat-template", "--max-seq-len-to-capture",
-)
-_IGNORED_FLAGS = (
-    "--trust-remote-code", "--disable-log-requests", "--disable-log-stats",
-    "--enable-log-requests", "--disable-frontend-multiprocessing", "--enable-sleep-mode",
-    "--disable-custom-all-reduce",
-)
+# The vLLM flags the simulation models, with the simulator's defaults; every other flag of
+# vLLM 0.32 (autotune/workers/vllm_flags.json) is accepted, checked as vLLM checks it, and
+# ignored. A flag vLLM does not have is an argparse error (exit 2), as in vLLM.
+_MODELED: dict[str, Any] = {
+    "max_model_len": None,
+    "gpu_memory_utilization": 0.9,
+    "max_num_seqs": None,
+    "max_num_batched_tokens": None,
+    "enable_chunked_prefill": None,
+    "enable_prefix_caching": None,
+    "tensor_parallel_size": 1,
+    "block_size": 16,
+    "kv_cache_memory_bytes": None,
+    "long_prefill_token_threshold": 0,
+    "enforce_eager": False,
+    "host": "127.0.0.1",
+    "port": 8000,
+    "api_key": None,
+    "served_model_name": None,
+}
+_NOT_FLAGS = ("model",)  # vLLM's --model: the positional argument here
 
 
 def _human_int(text: str) -> int:
-    """vLLM accepts ``32768`` and human forms such as ``32k`` / ``1M`` for lengths."""
-    t = text.strip().lower()
-    mult = {"k": 1000, "m": 1000**2}.get(t[-1:], 1)
-    if t[-1:] in ("k", "m"):
-        t = t[:-1]
-    try:
-        return int(float(t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r}") from None
+    """vLLM's human_readable_int: ``32768``, ``32k`` (x1000), ``32K`` (x1024), ``1.5m``."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
+    if m is None:
+        return int(text)
+    number, suffix = m.group(1), m.group(2)
+    if suffix.islower():
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    return int(number) * int(1024 ** ("KMGT".index(suffix) + 1))
+
+
+def _typed(spec: FlagSpec, text: str) -> Any:
+    """The value vLLM's type function makes of an accepted word."""
+    if spec.optional and text in ("", "None"):
+        return None
+    if text in spec.words:
+        return None if text == "auto" else text  # max_model_len auto: the model's maximum
+    if spec.kind == "human_int":
+        return _human_int(text)
+    if spec.kind == "int":
+        return int(text)
+    if spec.kind == "float":
+        return float(text)
+    if spec.kind == "json":
+        return json.loads(text)
+    if spec.normalize == "lower_snake":
+        return text.lower().replace("-", "_")
+    return text
+
+
+def _vllm_type(spec: FlagSpec) -> Callable[[str], Any]:
+    """An argparse type reading a word as vLLM's type function for ``spec`` does."""
+
+    def convert(text: str) -> Any:
+        problem = check_value(_single(spec), text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem.split(": ", 1)[-1])
+        return _typed(spec, text)
+
+    convert.__name__ = spec.kind  # argparse names it in "invalid <name> value"
+    return convert
+
+
+def _single(spec: FlagSpec) -> FlagSpec:
+    # the type sees one word at a time; choices are argparse's to check
+    return FlagSpec(
+        spec.dest,
+        spec.options,
+        spec.action,
+        None,
+        spec.kind,
+        None,
+        spec.optional,
+        spec.words,
+        spec.normalize,
+    )
+
+
+def _add_flag(group: Any, spec: FlagSpec, dest: str, default: Any) -> None:
+    kw: dict[str, Any] = {"dest": dest, "default": default}
+    opts = sorted((o for o in spec.options if not o.startswith("--no-")), key=len, reverse=True)
+    if spec.kind == "bool":
+        kw["action"] = argparse.BooleanOptionalAction
+        opts = [o for o in opts if o.startswith("--")] + [o for o in opts if not o.startswith("--")]
+    elif spec.kind == "flag":
+        kw["action"] = "store_true"
+        kw["default"] = bool(default)
+    else:
+        kw["type"] = _vllm_type(spec)
+        if spec.nargs is not None:
+            kw["nargs"] = spec.nargs
+        if spec.action == "AppendAction":
+            kw["action"] = "append"
+        if spec.nargs == "?":
+            kw["const"] = True
+        if spec.choices is not None:
+            # argparse checks choices after the type, as vLLM's parser does
+            kw["choices"] = [_typed(spec, str(c)) for c in spec.choices]
+            kw["metavar"] = "{" + ",".join(str(c) for c in spec.choices) + "}"
+    group.add_argument(*opts, **kw)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser spelling rules: ``--max_model_len`` is
+    ``--max-model-len``; ``--compilation-config.mode 3`` (a field of a JSON flag) is
+    accepted, and ignored here."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if not arg.startswith("--"):
+            out.append(arg)
+            continue
+        key, eq, value = arg.partition("=")
+        head, dot, _field = key.partition(".")
+        head = "--" + head[2:].replace("_", "-")
+        if dot:
+            spec = flag_table().by_option.get(head)
+            if spec is not None and spec.kind == "json":
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                skip = not eq and nxt is not None and not nxt.startswith("--")
+                continue
+            out.append(arg)  # argparse names it as unrecognized
+            continue
+        out.append(head + eq + value)
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with vLLM's error text and exit status 2, on one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="autotune sim serve", allow_abbrev=False,
-        description="Serve a simulated vLLM engine with vLLM's OpenAI API and /metrics.")
+    p = _Parser(
+        prog="autotune sim serve",
+        usage="autotune sim serve MODEL --hardware NAME [vllm flags] [--sim-* flags]",
+        allow_abbrev=False,
+        description="Serve a simulated vLLM engine with vLLM's OpenAI API and /metrics.",
+    )
     p.add_argument("model", help="built-in model name or a folder holding config.json")
     sim = p.add_argument_group("simulation (not vLLM flags)")
     sim.add_argument("--hardware", required=True, help="GPU profile (autotune sim hardware)")
-    sim.add_argument("--time-scale", type=float, default=1.0,
-                     help="run the engine X times faster than wall time (reported in /version)")
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="run the engine X times faster than wall time (reported in /version)",
+    )
     sim.add_argument("--sim-seed", type=int, default=0)
-    sim.add_argument("--sim-request-log", metavar="FILE",
-                     help="write per-request timings (engine seconds) as JSON lines")
-    sim.add_argument("--sim-startup-delay", type=float, default=1.0,
-                     help="seconds standing for model loading (config errors after 1/4 of it)")
+    sim.add_argument(
+        "--sim-request-log",
+        metavar="FILE",
+        help="write per-request timings (engine seconds) as JSON lines",
+    )
+    sim.add_argument(
+        "--sim-startup-delay",
+        type=float,
+        default=1.0,
+        help="seconds standing for model loading (config errors after 1/4 of it)",
+    )
     sim.add_argument("--sim-jitter-cv", type=float, default=0.015)
-    sim.add_argument("--sim-other-tenant-gib", type=float, default=0.0,
-                     help="device memory other processes hold at startup")
+    sim.add_argument(
+        "--sim-other-tenant-gib",
+        type=float,
+        default=0.0,
+        help="device memory other processes hold at startup",
+    )
     sim.add_argument("--sim-stats-interval", type=float, default=10.0)
+    sim.add_argument(
+        "--sim-dump-env",
+        metavar="PATH",
+        help="write the environment this server received as JSON (tests of worker isolation); "
+        "PATH an existing folder: one file per server in it, env-<pid>.json",
+    )
     v = p.add_argument_group("vLLM engine and server flags")
-    v.add_argument("--max-model-len", type=_human_int)
-    v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    v.add_argument("--max-num-seqs", type=int)
-    v.add_argument("--max-num-batched-tokens", type=_human_int)
-    v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    v.add_argument("--block-size", type=int, default=16)
-    v.add_argument("--kv-cache-memory-bytes", type=_human_int)
-    v.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    v.add_argument("--enforce-eager", action="store_true")
-    v.add_argument("--host", default="127.0.0.1")
-    v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--api-key")
-    v.add_argument("--served-model-name", nargs="+")
-    ign = p.add_argument_group("accepted and ignored (no effect on the simulation)")
-    for flag in _IGNORED_WITH_VALUE:
-        ign.add_argument(flag, dest="ignored_" + flag[2:].replace("-", "_"))
-    for flag in _IGNORED_FLAGS:
-        ign.add_argument(flag, dest="ignored_" + flag[2:].replace("-", "_"), action="store_true")
+    ign = p.add_argument_group(
+        f"accepted and ignored (flags of vLLM {VLLM_FLAGS_VERSION} with no effect on the "
+        "simulation)"
+    )
+    seen: set[str] = set()
+    for spec in flag_table().by_option.values():
+        if spec.dest in seen or spec.dest in _NOT_FLAGS:
+            continue
+        seen.add(spec.dest)
+        if spec.dest in _MODELED:
+            _add_flag(v, spec, spec.dest, _MODELED[spec.dest])
+        else:
+            _add_flag(ign, spec, "ignored_" + spec.dest, None)
     return p
 
 
@@ -122,8 +261,10 @@ async def _serve(server: SimServer, host: str, port: int) -> int:
     except OSError as exc:
         await runner.cleanup()
         # uvicorn's wording, which the log classifier maps to PORT_IN_USE
-        sys.stderr.write(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on "
-                         f"address ('{host}', {port}): {exc.strerror or exc}\n")
+        sys.stderr.write(
+            f"ERROR:    [Errno {exc.errno}] error while attempting to bind on "
+            f"address ('{host}', {port}): {exc.strerror or exc}\n"
+        )
         return 1
     print(_api(f"INFO [entry.py:140] Starting vLLM server on http://{host}:{port}"), flush=True)
     print("INFO:     Application startup complete.", flush=True)
@@ -131,10 +272,26 @@ async def _serve(server: SimServer, host: str, port: int) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # The fault hook: SIGUSR1 kills the simulated EngineCore and leaves the API server up
+    # (EngineDeadError in the log, /health 503), for tests of worker-death detection.
+    loop.add_signal_handler(signal.SIGUSR1, server.fail_engine)
     await stop.wait()
     print("INFO:     Shutting down", flush=True)
     await runner.cleanup()
     return 0
+
+
+def _dump_env(path: str) -> None:
+    """The environment as JSON, into ``path`` or (a folder, as many parallel trials share one
+    static flag) into ``path/env-<pid>.json``."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / f"env-{os.getpid()}.json"
+    try:
+        with open(target, "w", encoding="utf-8") as f:
+            json.dump(dict(os.environ), f, sort_keys=True)
+    except OSError as exc:
+        raise AutotuneError(f"--sim-dump-env: cannot write {target}: {exc}") from exc
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -142,11 +299,14 @@ def run(ns: argparse.Namespace) -> int:
     model = get_model(ns.model)
     hw = get_hardware(ns.hardware)
     ea = EngineArgs(
-        max_model_len=ns.max_model_len, gpu_memory_utilization=ns.gpu_memory_utilization,
-        max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
+        max_model_len=ns.max_model_len,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
         enable_chunked_prefill=ns.enable_chunked_prefill is not False,
         enable_prefix_caching=ns.enable_prefix_caching is not False,
-        tensor_parallel_size=ns.tensor_parallel_size, block_size=ns.block_size,
+        tensor_parallel_size=ns.tensor_parallel_size,
+        block_size=ns.block_size,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
         long_prefill_token_threshold=ns.long_prefill_token_threshold,
         enforce_eager=ns.enforce_eager,
@@ -154,44 +314,77 @@ def run(ns: argparse.Namespace) -> int:
     )
     if ns.time_scale <= 0:
         raise AutotuneError("--time-scale must be positive")
-    print(_api(f"INFO [api_utils.py:347] vLLM API server version {VLLM_VERSION} "
-               f"(simulated by autotune on {hw.name})"), flush=True)
+    if ns.sim_dump_env:
+        _dump_env(ns.sim_dump_env)
+    print(
+        _api(
+            f"INFO [api_utils.py:347] vLLM API server version {VLLM_VERSION} "
+            f"(simulated by autotune on {hw.name})"
+        ),
+        flush=True,
+    )
     defaults = build_parser().parse_args([ns.model, "--hardware", ns.hardware])
-    non_default = {k: v for k, v in vars(ns).items()
-                   if not k.startswith(("sim_", "ignored_")) and getattr(defaults, k) != v
-                   and k not in ("hardware", "time_scale")}
+    non_default = {
+        k: v
+        for k, v in vars(ns).items()
+        if not k.startswith(("sim_", "ignored_"))
+        and getattr(defaults, k) != v
+        and k not in ("hardware", "time_scale")
+    }
     print(_api(f"INFO [api_utils.py:286] non-default args: {non_default}"), flush=True)
-    ignored = [k[len("ignored_"):] for k, v in vars(ns).items()
-               if k.startswith("ignored_") and v not in (None, False)]
+    ignored = [
+        k[len("ignored_") :]
+        for k, v in vars(ns).items()
+        if k.startswith("ignored_") and v not in (None, False)
+    ]
     if ignored:
-        print(_api(f"WARNING [serve.py] flags accepted but ignored by the simulator: "
-                   f"{', '.join('--' + i.replace('_', '-') for i in ignored)}"), flush=True)
+        print(
+            _api(
+                f"WARNING [serve.py] flags accepted but ignored by the simulator: "
+                f"{', '.join('--' + i.replace('_', '-') for i in ignored)}"
+            ),
+            flush=True,
+        )
     resolved = ea.resolve(model, hw)
     delay = max(0.0, ns.sim_startup_delay)
     time.sleep(delay * 0.25)  # config errors surface at import/arg-parse time in vLLM
     try:
         validate_config(model, resolved)
         time.sleep(delay * 0.75)  # memory/KV errors only after model load and profiling
-        engine = Engine(model, hw, resolved, seed=ns.sim_seed, jitter_cv=ns.sim_jitter_cv,
-                        keep_history=False)
+        engine = Engine(
+            model, hw, resolved, seed=ns.sim_seed, jitter_cv=ns.sim_jitter_cv, keep_history=False
+        )
     except SimStartupError as exc:
         _emit(exc.log_lines, sys.stderr)
         return 1
     _emit(engine.memory.log_lines, sys.stdout)
     with contextlib.ExitStack() as stack:
-        req_log = (stack.enter_context(open(ns.sim_request_log, "a", encoding="utf-8"))
-                   if ns.sim_request_log else None)
+        req_log = (
+            stack.enter_context(open(ns.sim_request_log, "a", encoding="utf-8"))
+            if ns.sim_request_log
+            else None
+        )
         names = ns.served_model_name or [ns.model]
-        server = SimServer(engine, served_model_name=names[0], model_path=ns.model,
-                           api_key=ns.api_key, time_scale=ns.time_scale, seed=ns.sim_seed,
-                           request_log=req_log, stats_interval=ns.sim_stats_interval)
+        server = SimServer(
+            engine,
+            served_model_name=names[0],
+            model_path=ns.model,
+            api_key=ns.api_key[0] if ns.api_key else None,
+            time_scale=ns.time_scale,
+            seed=ns.sim_seed,
+            request_log=req_log,
+            stats_interval=ns.sim_stats_interval,
+        )
         return asyncio.run(_serve(server, ns.host, ns.port))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format=f"(APIServer pid={os.getpid()}) %(levelname)s %(message)s")
+    ns = build_parser().parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format=f"(APIServer pid={os.getpid()}) %(levelname)s %(message)s",
+    )
     try:
         return run(ns)
     except AutotuneError as exc:

@@ -67,7 +67,7 @@ class SyntheticTokenizer:
             return None
         value = 0
         for start in range(0, self._word_len, 2):
-            digit = _SYLLABLE_INDEX.get(word[start:start + 2])
+            digit = _SYLLABLE_INDEX.get(word[start : start + 2])
             if digit is None:
                 return None
             value = value * _BASE + digit
@@ -82,9 +82,10 @@ class SyntheticTokenizer:
             for start in range(0, len(word), _CHUNK):
                 # The word-start marker keeps "abcd" apart from the "abcd" inside "xyzwabcd",
                 # as BPE tells a word-initial piece from a continuation.
-                piece = ("\x00" if start == 0 else "\x01") + word[start:start + _CHUNK]
-                digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"),
-                                         digest_size=8).digest()
+                piece = ("\x00" if start == 0 else "\x01") + word[start : start + _CHUNK]
+                digest = hashlib.blake2b(
+                    piece.encode("utf-8", "surrogatepass"), digest_size=8
+                ).digest()
                 out.append(int.from_bytes(digest, "big") % self.vocab_size)
             ids = tuple(out)
             if len(self._memo) >= _CACHE_LIMIT:
@@ -129,8 +130,9 @@ class SyntheticTokenizer:
 
     # -- chat ---------------------------------------------------------------------------------
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
-                    add_generation_prompt: bool = True) -> str:
+    def chat_prompt(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
         """Render OpenAI-style chat messages as one prompt string.
 
         Template: each message becomes ``<|ROLE|>\\nCONTENT\\n``; then, with
@@ -155,7 +157,9 @@ def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(part["text"]) for part in content
-                         if isinstance(part, Mapping) and part.get("type") == "text"
-                         and "text" in part)
+        return "\n".join(
+            str(part["text"])
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") == "text" and "text" in part
+        )
     raise ValueError("message content must be a string, a list of parts or null")

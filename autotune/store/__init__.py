@@ -1,4 +1,5 @@
-"""The study store: studies, trials and load levels, in the database Optuna also uses.
+"""The study store: studies, trials, load levels and validation runs, in the database
+Optuna also uses.
 
 Open it with :meth:`Store.open` (a URL, ``$AUTOTUNE_DATABASE_URL`` or ``sqlite:///autotune.db``)
 and exchange the plain records of :mod:`autotune.store.records`; nothing outside this
@@ -7,15 +8,23 @@ package sees SQLAlchemy. Schema changes are Alembic revisions (:mod:`autotune.st
 
 from __future__ import annotations
 
-from autotune.store.db import DEFAULT_URL, ENV_VAR, Store, resolve_url
+from autotune.store.db import DEFAULT_URL, ENV_VAR, NoDatabaseError, Store, resolve_url
 from autotune.store.migrate import VERSION_TABLE
-from autotune.store.records import LevelRecord, StudyRecord, StudySummary, TrialRecord
+from autotune.store.records import (
+    LevelRecord,
+    RepeatRecord,
+    StudyRecord,
+    StudySummary,
+    TrialRecord,
+)
 
 __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
     "VERSION_TABLE",
     "LevelRecord",
+    "NoDatabaseError",
+    "RepeatRecord",
     "Store",
     "StudyRecord",
     "StudySummary",

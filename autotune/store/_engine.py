@@ -4,13 +4,14 @@ translation of driver errors into one-line :class:`StorageError` messages."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, StatementError
 
-from autotune.errors import StorageError
+from autotune.errors import ServiceError, StorageError
 
 # Execution option read by the SQLite "begin" hook: "IMMEDIATE" takes the write lock at
 # BEGIN, so two processes upgrading one fresh file queue up instead of one failing.
@@ -32,20 +33,32 @@ def normalize_url(url: str) -> str:
     """
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
         # The text is not echoed: it may hold a password that could not be located.
-        raise StorageError(f"the study database setting is not a database URL ({_URL_HINT})") \
-            from exc
+        raise StorageError(
+            f"the study database setting is not a database URL ({_URL_HINT})"
+        ) from exc
     if parsed.drivername in ("postgres", "postgresql"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file a SQLite URL names (None for other backends and in-memory databases)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    db = parsed.database or ""
+    if db in ("", ":memory:") or db.startswith("file:") or parsed.query.get("mode") == "memory":
+        return None
+    return Path(db)
 
 
 def mask_url(url: str) -> str:
     """``url`` with its password replaced by ``***``, for messages and logs."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return "<unparsable URL>"
 
 
@@ -60,37 +73,75 @@ def one_line(exc: BaseException) -> str:
 
 def is_unique_violation(exc: DBAPIError) -> bool:
     """Whether ``exc`` is a UNIQUE violation (PostgreSQL SQLSTATE 23505, or SQLite's text)."""
-    return (getattr(exc.orig, "sqlstate", None) == "23505"
-            or "UNIQUE constraint failed" in str(exc.orig))
+    return getattr(exc.orig, "sqlstate", None) == "23505" or "UNIQUE constraint failed" in str(
+        exc.orig
+    )
 
 
-def connect_error(url: str, exc: BaseException) -> StorageError:
-    """The error for a database that cannot be reached or opened at all."""
+def is_disconnect(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database server went away (not a failed statement)."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    orig = getattr(exc, "orig", None)
+    # psycopg raises OperationalError (or a subclass: AdminShutdown while the server stops,
+    # CannotConnectNow while it starts) for a refused, dropped or timed-out connection
+    return any(
+        cls.__module__.startswith("psycopg")
+        and cls.__name__ in ("OperationalError", "InterfaceError")
+        for cls in type(orig).__mro__
+    )
+
+
+def connect_error(url: str, exc: BaseException) -> StorageError | ServiceError:
+    """The error for a database that cannot be reached or opened at all: a SQLite file that
+    cannot be opened is a path problem (StorageError); a server that cannot be reached is
+    an unreachable service (ServiceError, exit code 5)."""
     if url.startswith("sqlite"):
-        return StorageError(f"cannot open the study database at {mask_url(url)}: "
-                            f"{one_line(exc)}; check the path (its folder must exist and be "
-                            "writable)")
-    return StorageError(f"cannot connect to the study database at {mask_url(url)}: "
-                        f"{one_line(exc)}; check that the server is running and the URL is "
-                        "right (--storage or AUTOTUNE_DATABASE_URL)")
+        return StorageError(
+            f"cannot open the study database at {mask_url(url)}: "
+            f"{one_line(exc)}; check the path (its folder must exist and be "
+            "writable)"
+        )
+    return ServiceError(
+        f"cannot connect to the study database at {mask_url(url)}: "
+        f"{one_line(exc)}; check that the server is running and the URL is "
+        "right (--storage or AUTOTUNE_DATABASE_URL)"
+    )
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url`` (already normalised); StorageError if it cannot be used."""
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """``create_engine`` keywords for ``url``: pre-ping and a connect timeout on PostgreSQL
+    (a long study outlives server restarts; a dead host fails in seconds), a busy timeout
+    on SQLite (Optuna and autotune may write to one file at once)."""
     parsed = make_url(url)
     kwargs: dict[str, Any] = {}
     backend = parsed.get_backend_name()
     if backend == "postgresql":
-        kwargs["pool_pre_ping"] = True  # a long study outlives server restarts
+        kwargs["pool_pre_ping"] = True
         if "connect_timeout" not in parsed.query:
             kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
     elif backend == "sqlite" and "timeout" not in parsed.query:
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    return kwargs
+
+
+def optuna_engine_kwargs(url: str) -> dict[str, Any]:
+    """The same for Optuna's RDBStorage, with a bounded pool: one controller needs few
+    connections, and many controllers share one PostgreSQL server."""
+    kwargs = engine_kwargs(url)
+    if make_url(url).get_backend_name() == "postgresql":
+        kwargs.update(pool_size=2, max_overflow=3)
+    return kwargs
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` (already normalised); StorageError if it cannot be used."""
     try:
-        engine = create_engine(parsed, **kwargs)
+        engine = create_engine(make_url(url), **engine_kwargs(url))
     except (ImportError, NoSuchModuleError, ArgumentError) as exc:
-        raise StorageError(f"cannot use the study database URL {mask_url(url)}: "
-                           f"{one_line(exc)} ({_URL_HINT})") from exc
+        raise StorageError(
+            f"cannot use the study database URL {mask_url(url)}: {one_line(exc)} ({_URL_HINT})"
+        ) from exc
     if engine.dialect.name == "sqlite":
         _setup_sqlite(engine)
     return engine

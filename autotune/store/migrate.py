@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,10 +48,14 @@ SCRIPT_LOCATION = str(Path(__file__).with_name("migrations"))
 # pg_advisory_xact_lock key serialising concurrent upgrades of one PostgreSQL database
 # (Alembic itself does not lock); an arbitrary constant, ASCII "autotune" as an int64.
 _PG_LOCK_KEY = int.from_bytes(b"autotune", "big") & 0x7FFF_FFFF_FFFF_FFFF
+# Alembic's migration context is process-global: two threads upgrading (even two different
+# databases) at once would run each other's operations
+_UPGRADE_LOCK = threading.Lock()
 
 
-def include_object(obj: Any, name: str | None, type_: str, reflected: bool,
-                   compare_to: Any) -> bool:
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
     """Alembic ``include_object`` hook: only ``autotune_`` tables and what belongs to them.
 
     Without it, autogenerate run on a database holding Optuna's tables would propose
@@ -124,14 +129,15 @@ def _migration_connection(engine: Engine) -> Iterator[Connection]:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring our tables to ``revision`` (all in one transaction where the backend allows)."""
-    with _migration_connection(engine) as conn:
+    with _UPGRADE_LOCK, _migration_connection(engine) as conn:
         command.upgrade(alembic_config(conn), revision)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Developer commands: ``revision MESSAGE`` (autogenerate) and ``check``."""
-    parser = argparse.ArgumentParser(prog="python -m autotune.store.migrations",
-                                     description="autotune's Alembic, for developers")
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune.store.migrations", description="autotune's Alembic, for developers"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     rev = sub.add_parser("revision", help="autogenerate a revision from models.py")
     rev.add_argument("message")
@@ -149,10 +155,8 @@ def main(argv: list[str] | None = None) -> None:
                     # stay importable module names (mypy checks the scripts).
                     cfg.set_main_option("file_template", "r%%(rev)s_%%(slug)s")
                     rev_id = f"{len(known_revisions()) + 1:04d}"
-                    command.revision(cfg, message=args.message, autogenerate=True,
-                                     rev_id=rev_id)
+                    command.revision(cfg, message=args.message, autogenerate=True, rev_id=rev_id)
                 else:
                     command.check(cfg)
         finally:
             engine.dispose()
-

@@ -36,12 +36,18 @@ from sqlalchemy.types import TypeDecorator
 __all__ = [
     "TABLE_PREFIX",
     "Base",
+    "ClaimRow",
+    "ControllerRow",
     "FiniteFloat",
     "Json",
     "LevelRow",
+    "NightlyDecisionRow",
+    "RepeatRow",
+    "ScheduleRow",
     "StudyRow",
     "TrialRow",
     "UTCDateTime",
+    "WorkerRow",
 ]
 
 TABLE_PREFIX = "autotune_"
@@ -114,8 +120,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"timestamp {value.isoformat()} has no timezone; "
-                             "use datetime.now(UTC) or another aware datetime")
+            raise ValueError(
+                f"timestamp {value.isoformat()} has no timezone; "
+                "use datetime.now(UTC) or another aware datetime"
+            )
         utc = value.astimezone(UTC)
         return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
@@ -143,7 +151,9 @@ class StudyRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
     trials: Mapped[list[TrialRow]] = relationship(
-        back_populates="study", cascade="all, delete-orphan", passive_deletes=True,
+        back_populates="study",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
         order_by="TrialRow.optuna_trial_number",
     )
 
@@ -175,10 +185,14 @@ class TrialRow(Base):
     diagnosis: Mapped[dict[str, Any] | None] = mapped_column(Json)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # revision 0005: the CUDA_VISIBLE_DEVICES the trial's worker got (None: not set)
+    devices: Mapped[str | None] = mapped_column(String(512))
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
     levels: Mapped[list[LevelRow]] = relationship(
-        back_populates="trial", cascade="all, delete-orphan", passive_deletes=True,
+        back_populates="trial",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
         order_by="LevelRow.level_index",
     )
 
@@ -208,5 +222,162 @@ class LevelRow(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(Json)
     telemetry: Mapped[dict[str, Any] | None] = mapped_column(Json)
     diagnosis: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    # revision 0002
+    truncated: Mapped[int] = mapped_column(Integer, server_default="0")
+    overlength_rate: Mapped[float] = mapped_column(FiniteFloat, server_default="0")
+    violations: Mapped[list[dict[str, Any]]] = mapped_column(Json, server_default="[]")
 
     trial: Mapped[TrialRow] = relationship(back_populates="levels")
+
+
+# -- revision 0003: the controllers sharing a study, their workers and their claims --------
+# (docs/faults.md#2-controllers-workers-and-claims)
+
+
+class ControllerRow(Base):
+    """One ``autotune study run`` process. ``proc_start`` (clock ticks after boot, from
+    /proc/PID/stat) and ``boot_id`` tell a live controller from a reused pid."""
+
+    __tablename__ = "autotune_controllers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(
+        ForeignKey("autotune_studies.id", ondelete="CASCADE"), index=True
+    )
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    proc_start: Mapped[int | None] = mapped_column(BigInteger)
+    boot_id: Mapped[str | None] = mapped_column(String(64))
+    # running | stopped | interrupted | failed | dead (found dead by another controller)
+    state: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    idle_s: Mapped[float] = mapped_column(FiniteFloat, server_default="0")
+    trials_run: Mapped[int] = mapped_column(Integer, server_default="0")
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class WorkerRow(Base):
+    """One worker process group a controller started (``pgid`` = its leader's pid)."""
+
+    __tablename__ = "autotune_workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    controller_id: Mapped[int] = mapped_column(
+        ForeignKey("autotune_controllers.id", ondelete="CASCADE"), index=True
+    )
+    trial_name: Mapped[str] = mapped_column(String(64))
+    host: Mapped[str] = mapped_column(String(255))
+    pgid: Mapped[int] = mapped_column(Integer)
+    proc_start: Mapped[int | None] = mapped_column(BigInteger)
+    boot_id: Mapped[str | None] = mapped_column(String(64))
+    tmpdir: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))  # running | stopped | reaped
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ClaimRow(Base):
+    """Who runs what: one row per claimed trial (``key`` ``trial:N``) or other unit of work
+    (a validation run), unique per study, so each is claimed exactly once."""
+
+    __tablename__ = "autotune_claims"
+    __table_args__ = (UniqueConstraint("study_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(200))
+    trial_number: Mapped[int | None] = mapped_column(Integer)
+    stage: Mapped[str | None] = mapped_column(String(64))
+    controller_id: Mapped[int | None] = mapped_column(
+        ForeignKey("autotune_controllers.id", ondelete="SET NULL")
+    )
+    lane: Mapped[int] = mapped_column(Integer, server_default="0")
+    claimed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    outcome: Mapped[str | None] = mapped_column(String(16))  # COMPLETE | FAIL | ABANDONED
+
+
+class RepeatRow(Base):
+    """A validation run (revision 0004): not an Optuna trial, so trial counts and the
+    dashboard stay the search's own."""
+
+    __tablename__ = "autotune_repeats"
+    # one run per (repeat, trial); its index also serves "a study's runs, in order"
+    __table_args__ = (UniqueConstraint("study_id", "repeat_index", "trial_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id", ondelete="CASCADE"))
+    repeat_index: Mapped[int] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(Integer)
+    trial_number: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    engine_args: Mapped[dict[str, Any]] = mapped_column(Json)
+    sample: Mapped[str] = mapped_column(String(200))
+    workload_seed: Mapped[int] = mapped_column(BigInteger)
+    jitter_seed: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    slo_held: Mapped[bool | None] = mapped_column(Boolean)
+    capacity_scale: Mapped[float | None] = mapped_column(FiniteFloat)
+    objective: Mapped[float | None] = mapped_column(FiniteFloat)
+    worst_margin: Mapped[float | None] = mapped_column(FiniteFloat)
+    p99_ttft_ms: Mapped[float | None] = mapped_column(FiniteFloat)
+    p99_tpot_ms: Mapped[float | None] = mapped_column(FiniteFloat)
+    overlength_rate: Mapped[float | None] = mapped_column(FiniteFloat)
+    requests: Mapped[int] = mapped_column(Integer)
+    levels: Mapped[int] = mapped_column(Integer)
+    failure_class: Mapped[str | None] = mapped_column(String(64))
+    violations: Mapped[list[str]] = mapped_column(Json)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class NightlyDecisionRow(Base):
+    """One nightly job's decision for a deployment (revision 0006, docs/nightly.md): what
+    was in use, the best challenger, the gain with its interval, the decision and why, the
+    drift figures and the dated study. ``deployed`` is the config in use after it."""
+
+    __tablename__ = "autotune_nightly_decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(100), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # keep | promote | none-feasible | rollback
+    decision: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    study_name: Mapped[str | None] = mapped_column(String(200))
+    incumbent: Mapped[dict[str, Any]] = mapped_column(Json)
+    challenger: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    deployed: Mapped[dict[str, Any]] = mapped_column(Json)
+    gain_pct: Mapped[float | None] = mapped_column(FiniteFloat)
+    gain_low: Mapped[float | None] = mapped_column(FiniteFloat)
+    gain_high: Mapped[float | None] = mapped_column(FiniteFloat)
+    confidence: Mapped[float | None] = mapped_column(FiniteFloat)
+    drift: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    profile: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    projection: Mapped[list[Any] | None] = mapped_column(Json)
+    command: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(String(512))
+    output_path: Mapped[str | None] = mapped_column(Text)
+    dry_run: Mapped[bool] = mapped_column(Boolean, server_default="0")
+    exit_code: Mapped[int] = mapped_column(Integer)
+
+
+class ScheduleRow(Base):
+    """A stored schedule of ``autotune scheduler`` (revision 0006): a cron expression (UTC
+    unless ``timezone`` says otherwise) and the nightly config it runs. ``last_fire_at`` is
+    the scheduled time of the last run started, so a restarted scheduler never runs one
+    fire time twice."""
+
+    __tablename__ = "autotune_schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True, index=True)
+    cron: Mapped[str] = mapped_column(String(200))
+    config_path: Mapped[str] = mapped_column(Text)
+    timezone: Mapped[str] = mapped_column(String(64), server_default="UTC")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_fire_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_exit_code: Mapped[int | None] = mapped_column(Integer)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["LevelRecord", "StudyRecord", "StudySummary", "TrialRecord"]
+__all__ = ["LevelRecord", "RepeatRecord", "StudyRecord", "StudySummary", "TrialRecord"]
 
 
 @dataclass
@@ -35,10 +35,13 @@ class StudyRecord:
 
 @dataclass
 class LevelRecord:
-    """One load level of a trial's capacity sweep (``scale`` times the base rate).
+    """One load level of a trial's capacity search (``scale`` times the base rate).
 
-    ``metrics`` is the full ``vllm bench serve``-style result; the named columns are the
-    parts reports and queries need without parsing it.
+    The named columns are the fields of the typed per-level record
+    (:class:`autotune.loadgen.level.LevelMetrics`, docs/tuning.md#3-the-per-level-record):
+    ``error_rate`` and ``overlength_rate`` as defined there. ``violations`` names each
+    constraint the level broke with its value and limit; ``metrics`` is the full
+    ``vllm bench serve``-style result.
     """
 
     level_index: int
@@ -59,7 +62,14 @@ class LevelRecord:
     metrics: dict[str, Any]
     telemetry: dict[str, Any] | None = None
     diagnosis: dict[str, Any] | None = None
+    truncated: int = 0
+    overlength_rate: float = 0.0
+    violations: list[dict[str, Any]] = field(default_factory=list)
     id: int | None = None
+
+    @property
+    def violation_texts(self) -> list[str]:
+        return [str(v.get("text", v.get("name"))) for v in self.violations]
 
 
 @dataclass
@@ -93,6 +103,8 @@ class TrialRecord:
     levels: list[LevelRecord] = field(default_factory=list)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # the devices its worker saw (CUDA_VISIBLE_DEVICES, e.g. "0,1"); None when not set
+    devices: str | None = None
     id: int | None = None
 
     def headline_level(self) -> LevelRecord | None:
@@ -102,7 +114,6 @@ class TrialRecord:
         if ok:
             return max(ok, key=lambda lv: lv.scale)
         return min(self.levels, key=lambda lv: lv.scale, default=None)
-
 
 
 @dataclass
@@ -120,3 +131,43 @@ class StudySummary:
     n_trials: int
     n_complete: int
     best_objective: float | None
+
+
+@dataclass
+class RepeatRecord:
+    """One run of the validation phase (docs/tuning.md#7-validation): a stored trial's
+    config re-measured on a fresh workload sample with fresh jitter, outside Optuna.
+
+    ``repeat_index`` numbers the workload samples (runs of one repeat share theirs, so they
+    pair up); ``position`` orders the runs within a repeat (rotated from repeat to repeat so
+    that drift hits every config alike). ``state`` is ``"PENDING"``, ``"RUNNING"`` or
+    ``"COMPLETE"``; each row is one unit of work. ``role`` is ``"baseline"`` or
+    ``"candidate"``. ``slo_held``: the run met the latency and error SLOs (slo-capacity: at
+    some load); the over-length limit is judged on all of a config's runs together.
+    """
+
+    study_name: str
+    repeat_index: int
+    position: int
+    trial_number: int
+    role: str
+    engine_args: dict[str, Any]
+    sample: str  # how the workload sample was drawn, e.g. "workload seed 123"
+    workload_seed: int
+    jitter_seed: int
+    state: str = "PENDING"
+    slo_held: bool | None = None
+    capacity_scale: float | None = None
+    objective: float | None = None  # output tok/s (at capacity in slo-capacity mode)
+    worst_margin: float | None = None  # fixed-rate: max over latency SLOs of p99 / SLO
+    p99_ttft_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    # requests max_model_len did not fit, of ``requests`` measured (load does not change it)
+    overlength_rate: float | None = None
+    requests: int = 0
+    levels: int = 0
+    failure_class: str | None = None
+    violations: list[str] = field(default_factory=list)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    id: int | None = None

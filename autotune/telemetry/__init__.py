@@ -7,13 +7,14 @@
 - :mod:`~autotune.telemetry.prometheus`: the same summary from a user's Prometheus (PromQL
   over the level's window) and the file-based service-discovery targets file it watches.
 - :mod:`~autotune.telemetry.diagnosis`: memory-bound, token-budget-bound, concurrency-capped,
-  headroom or inconclusive, with evidence and the next move (the seed's step 2).
+  headroom or inconclusive, with evidence and the next move (the seed guide's step 2,
+  docs/method.md#3-reading-the-bottleneck).
 """
 
 from __future__ import annotations
 
 from autotune.telemetry.diagnosis import KINDS, Diagnosis, Kind, diagnose
-from autotune.telemetry.prometheus import PrometheusTelemetry, write_sd_targets
+from autotune.telemetry.prometheus import PrometheusTelemetry, publish_sd_target, write_sd_targets
 from autotune.telemetry.scrape import (
     HistogramData,
     LevelScrape,
@@ -51,6 +52,7 @@ __all__ = [
     "from_scrape",
     "from_sim_timeline",
     "parse_metrics",
+    "publish_sd_target",
     "scrape",
     "summarize",
     "write_sd_targets",

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -45,12 +46,12 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, ServiceError
 from autotune.telemetry.scrape import ALIASES
 from autotune.telemetry.stats import GaugeStats, HistogramDelta, saturated_fraction
 from autotune.telemetry.summary import COUNTERS, GAUGES, HISTOGRAMS, SUCCESS, LevelTelemetry
 
-__all__ = ["PrometheusTelemetry", "write_sd_targets"]
+__all__ = ["PrometheusTelemetry", "publish_sd_target", "write_sd_targets"]
 
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _TARGET = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+):\d{1,5}")
@@ -86,6 +87,26 @@ def write_sd_targets(path: Path | str, targets: Sequence[tuple[str, Mapping[str,
         raise ConfigError(f"cannot write service-discovery file {path}: {exc}") from exc
 
 
+_SD_LOCK = threading.Lock()
+_SD_TARGETS: dict[str, dict[str, tuple[str, dict[str, str]]]] = {}
+
+
+def publish_sd_target(
+    path: Path | str, owner: str, target: str | None, labels: Mapping[str, str] | None = None
+) -> None:
+    """Set ``owner``'s target in the targets file at ``path`` (``target`` None: remove it),
+    keeping every other owner's: the trial lanes of one controller run a worker each at once
+    and share the file (docs/parallel.md#2-lanes)."""
+    key = str(Path(path).resolve())
+    with _SD_LOCK:
+        owned = _SD_TARGETS.setdefault(key, {})
+        if target is None:
+            owned.pop(owner, None)
+        else:
+            owned[owner] = (target, dict(labels or {}))
+        write_sd_targets(path, [owned[k] for k in sorted(owned)])
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
 
@@ -97,41 +118,53 @@ class PrometheusTelemetry:
     to Prometheus, or an answer it should not give, raises :class:`ConfigError`.
     """
 
-    def __init__(self, url: str, *, scrape_interval_s: float = 1.0,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, *, scrape_interval_s: float = 1.0, timeout_s: float = 10.0
+    ) -> None:
         self.url = url.rstrip("/")
         self.scrape_interval_s = scrape_interval_s
         self.timeout_s = timeout_s
         # A short retry: an unreachable Prometheus should fail a check in seconds, not minutes.
-        self._prom = PrometheusConnect(url=self.url, disable_ssl=True,
-                                       timeout=max(1, math.ceil(timeout_s)),  # int per its API
-                                       retry=Retry(total=2, backoff_factor=0.1,
-                                                   status_forcelist=[502, 503, 504]))
+        self._prom = PrometheusConnect(
+            url=self.url,
+            disable_ssl=True,
+            timeout=max(1, math.ceil(timeout_s)),  # int per its API
+            retry=Retry(total=2, backoff_factor=0.1, status_forcelist=[502, 503, 504]),
+        )
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         try:
             result = fn(*args, **kwargs)
-        except (requests.RequestException, PrometheusApiClientException, ValueError,
-                KeyError) as exc:
-            raise ConfigError(f"Prometheus at {self.url}: {_one_line(exc)}") from exc
+        except (
+            requests.RequestException,
+            PrometheusApiClientException,
+            ValueError,
+            KeyError,
+        ) as exc:
+            raise ServiceError(f"Prometheus at {self.url}: {_one_line(exc)}") from exc
         if not isinstance(result, list):
-            raise ConfigError(f"Prometheus at {self.url}: unexpected answer {result!r:.100}")
+            raise ServiceError(f"Prometheus at {self.url}: unexpected answer {result!r:.100}")
         return result
 
     def query(self, promql: str, at: float) -> list[dict[str, Any]]:
         """An instant query evaluated at ``at`` (epoch seconds)."""
         return self._call(self._prom.custom_query, promql, params={"time": f"{at:.3f}"})
 
-    def query_range(self, promql: str, start: float, end: float,
-                    step: float) -> list[dict[str, Any]]:
+    def query_range(
+        self, promql: str, start: float, end: float, step: float
+    ) -> list[dict[str, Any]]:
         # The client rounds start/end to whole seconds; params are sent in their place.
-        return self._call(self._prom.custom_query_range, promql,
-                          datetime.fromtimestamp(start, UTC),
-                          datetime.fromtimestamp(end, UTC), f"{step:g}",
-                          params={"start": f"{start:.3f}", "end": f"{end:.3f}"})
+        return self._call(
+            self._prom.custom_query_range,
+            promql,
+            datetime.fromtimestamp(start, UTC),
+            datetime.fromtimestamp(end, UTC),
+            f"{step:g}",
+            params={"start": f"{start:.3f}", "end": f"{end:.3f}"},
+        )
 
     def check(self) -> None:
-        """Raise :class:`ConfigError` unless Prometheus answers a query."""
+        """Raise :class:`ServiceError` unless Prometheus answers a query."""
         self.query("vector(1)", time.time())
 
     def _sel(self, trial: str) -> str:
@@ -153,22 +186,32 @@ class PrometheusTelemetry:
             if ts is not None and ts > after:
                 return ts
             if time.monotonic() > deadline:
-                raise ConfigError(
+                raise ServiceError(
                     f"Prometheus at {self.url} has no scrape of trial {trial!r} after "
                     f"{after:.3f} within {timeout_s:g} s: does a file_sd_configs job watch "
-                    "the targets file?")
+                    "the targets file?"
+                )
             time.sleep(min(0.2, self.scrape_interval_s / 2))
 
-    def _increase(self, family: str, suffix: str, trial: str, window_ms: int, at: float,
-                  by: str = "") -> dict[str, float]:
+    def _increase(
+        self, family: str, suffix: str, trial: str, window_ms: int, at: float, by: str = ""
+    ) -> dict[str, float]:
         names = [family] + ([_OLD[family]] if family in _OLD else [])
-        inner = " or ".join(f"increase({n}{suffix}{self._sel(trial)}[{window_ms}ms])"
-                            for n in names)
+        inner = " or ".join(
+            f"increase({n}{suffix}{self._sel(trial)}[{window_ms}ms])" for n in names
+        )
         rows = self.query(f"sum by ({by}) ({inner})" if by else f"sum({inner})", at)
         return {str(r["metric"].get(by, "")): float(r["value"][1]) for r in rows}
 
-    def level(self, trial: str, start: float, end: float, *, max_num_seqs: int | None = None,
-              max_num_batched_tokens: int | None = None) -> LevelTelemetry:
+    def level(
+        self,
+        trial: str,
+        start: float,
+        end: float,
+        *,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+    ) -> LevelTelemetry:
         """The level ``[start, end]`` (epoch seconds) of ``trial``, as direct scraping gives."""
         t_start, t_end = self.last_sample(trial, start), self.last_sample(trial, end)
         counters: dict[str, float] = {}
@@ -190,21 +233,37 @@ class PrometheusTelemetry:
                 cum = sorted((float(le), n) for le, n in buckets.items())
                 total = sum(self._increase(name, "_count", trial, win, t_end).values())
                 hists[key] = HistogramDelta(
-                    tuple(cum), sum(self._increase(name, "_sum", trial, win, t_end).values()),
-                    total)
+                    tuple(cum), sum(self._increase(name, "_sum", trial, win, t_end).values()), total
+                )
         gauges, sat, n = self._gauges(trial, start, end, max_num_seqs)
         info = self.query(f"vllm:cache_config_info{self._sel(trial)}", end)
-        cache = ({k: v for k, v in info[0]["metric"].items()
-                  if k not in ("__name__", "trial", "job", "instance")} if info else None)
-        return LevelTelemetry(source="prometheus", window_s=max(0.0, end - start),
-                              has_deltas=has_deltas, counters=counters, request_success=success,
-                              gauges=gauges, histograms=hists, saturated_fraction=sat,
-                              max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens, samples=n,
-                              cache_config=cache)
+        cache = (
+            {
+                k: v
+                for k, v in info[0]["metric"].items()
+                if k not in ("__name__", "trial", "job", "instance")
+            }
+            if info
+            else None
+        )
+        return LevelTelemetry(
+            source="prometheus",
+            window_s=max(0.0, end - start),
+            has_deltas=has_deltas,
+            counters=counters,
+            request_success=success,
+            gauges=gauges,
+            histograms=hists,
+            saturated_fraction=sat,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            samples=n,
+            cache_config=cache,
+        )
 
-    def _gauges(self, trial: str, start: float, end: float, max_num_seqs: int | None
-                ) -> tuple[dict[str, GaugeStats], float | None, int]:
+    def _gauges(
+        self, trial: str, start: float, end: float, max_num_seqs: int | None
+    ) -> tuple[dict[str, GaugeStats], float | None, int]:
         win = f"{max(1, round((end - start) * 1000))}ms"
         series: dict[str, dict[float, float]] = {}
         gauges: dict[str, GaugeStats] = {}
@@ -223,14 +282,19 @@ class PrometheusTelemetry:
                 series[key] = points
                 # query_range points are evenly spaced: their mean is the time-weighted one.
                 twm = sum(points.values()) / len(points) if points else peak
-                gauges[key] = GaugeStats(int(count or 0), peak,
-                                         mean if mean is not None else peak, twm)
+                gauges[key] = GaugeStats(
+                    int(count or 0), peak, mean if mean is not None else peak, twm
+                )
                 break
         sat = None
         ts = sorted(set(series.get("running", {})) & set(series.get("waiting", {})))
         if ts:  # evenly spaced points: each holds one step, the last one too
-            sat = saturated_fraction(ts, [series["running"][t] for t in ts],
-                                     [series["waiting"][t] for t in ts],
-                                     ts[-1] + self.scrape_interval_s, max_num_seqs)
+            sat = saturated_fraction(
+                ts,
+                [series["running"][t] for t in ts],
+                [series["waiting"][t] for t in ts],
+                ts[-1] + self.scrape_interval_s,
+                max_num_seqs,
+            )
         samples = gauges["running"].samples if "running" in gauges else 0
         return gauges, sat, samples

@@ -1,15 +1,15 @@
 """Reading a vLLM server's ``/metrics`` page: parsing, one scrape, and a per-level scraper.
 
-A page becomes a :class:`Snapshot` keyed by the *current* vLLM family names (``vllm.md`` §6):
-counters without ``_total``, older names mapped onto newer ones (a v0.10 page shows both with
-the same values, so the newer one wins and nothing is counted twice). Series of several engines
-(data parallel) are added up; ``_perc`` gauges take the worst engine instead, since a full KV
-cache on one engine is what preempts there.
+A page becomes a :class:`Snapshot` keyed by the *current* vLLM family names
+(docs/vllm.md#6-prometheus-metrics): counters without ``_total``, older names mapped onto newer
+ones (a v0.10 page shows both with the same values, so the newer one wins and nothing is
+counted twice). Series of several engines (data parallel) are added up; ``_perc`` gauges take
+the worst engine instead, since a full KV cache on one engine is what preempts there.
 
 :class:`Scraper` takes a snapshot before a load level, one every ``interval_s`` during it and
-one after it. On a saturated 2-core host a scrape can stall for seconds (``vllm.md`` §6.2), so
-mid-level scrapes may fail or come late: they are counted, never fatal, and the summaries rest
-on the before/after pair first.
+one after it. On a saturated 2-core host a scrape can stall for seconds
+(docs/vllm.md#62-families-on-a-032-page), so mid-level scrapes may fail or come late: they are
+counted, never fatal, and the summaries rest on the before/after pair first.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = [
     "scrape",
 ]
 
-# Old name -> current name (vllm.md §6.4). Counters are given without `_total`.
+# Old name -> current name (docs/vllm.md#64-old-names). Counters are given without `_total`.
 ALIASES: dict[str, str] = {
     "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
     "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
@@ -46,11 +46,18 @@ ALIASES: dict[str, str] = {
     "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
 }
 # Counters that an untyped page (no `# TYPE` line) may expose without `_total`.
-KNOWN_COUNTERS = frozenset({
-    "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens",
-    "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
-    "vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits",
-})
+KNOWN_COUNTERS = frozenset(
+    {
+        "vllm:num_preemptions",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:request_success",
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:gpu_prefix_cache_queries",
+        "vllm:gpu_prefix_cache_hits",
+    }
+)
 # Labels every engine series carries; any other label splits a family (finished_reason, ...).
 _ENGINE_LABELS = frozenset({"model_name", "engine", "le", "trial", "job", "instance"})
 _INFO = "vllm:cache_config_info"
@@ -89,8 +96,9 @@ def _label_key(labels: Mapping[str, str]) -> str | None:
     return extra[0][1] if len(extra) == 1 else ",".join(f"{k}={v}" for k, v in extra)
 
 
-def _classify(name: str, labels: Mapping[str, str], bucketed: set[str],
-              types: Mapping[str, str]) -> tuple[str, str, str]:
+def _classify(
+    name: str, labels: Mapping[str, str], bucketed: set[str], types: Mapping[str, str]
+) -> tuple[str, str, str]:
     """``(kind, family, part)``: kind counter/gauge/histogram/info/skip, the family name as
     exposed (counters without ``_total``), and a histogram's part (bucket/sum/count)."""
     if not name.startswith("vllm:") or name.endswith("_created"):
@@ -101,13 +109,19 @@ def _classify(name: str, labels: Mapping[str, str], bucketed: set[str],
     if name == _INFO:
         return "info", name, ""
     family = name.removesuffix("_total")
-    kind = types.get(family) or types.get(name) or (
-        "counter" if name.endswith("_total") or name in KNOWN_COUNTERS else "gauge")
+    kind = (
+        types.get(family)
+        or types.get(name)
+        or ("counter" if name.endswith("_total") or name in KNOWN_COUNTERS else "gauge")
+    )
     return kind, family if kind == "counter" else name, ""
 
 
-def build_snapshot(samples: Iterable[tuple[str, Mapping[str, str], float]], t: float,
-                   types: Mapping[str, str] | None = None) -> Snapshot:
+def build_snapshot(
+    samples: Iterable[tuple[str, Mapping[str, str], float]],
+    t: float,
+    types: Mapping[str, str] | None = None,
+) -> Snapshot:
     """A snapshot from raw ``(sample name, labels, value)`` triples.
 
     ``types`` maps family names to ``counter``/``gauge``/``histogram`` where the page declared
@@ -116,8 +130,9 @@ def build_snapshot(samples: Iterable[tuple[str, Mapping[str, str], float]], t: f
     :data:`KNOWN_COUNTERS` are counters, the rest gauges. ``_created`` series are dropped.
     """
     rows = [(n, lb, float(v)) for n, lb, v in samples if not math.isnan(float(v))]
-    bucketed = {n.removesuffix("_bucket") for n, lb, _ in rows
-                if n.endswith("_bucket") and "le" in lb}
+    bucketed = {
+        n.removesuffix("_bucket") for n, lb, _ in rows if n.endswith("_bucket") and "le" in lb
+    }
     classified = [(*_classify(n, lb, bucketed, types or {}), lb, v) for n, lb, v in rows]
     exposed = {family for kind, family, _, _, _ in classified if kind != "skip"}
     tables: dict[str, dict[str, float]] = {"counter": {}, "gauge": {}}
@@ -142,19 +157,31 @@ def build_snapshot(samples: Iterable[tuple[str, Mapping[str, str], float]], t: f
         elif kind in tables:
             table = tables[kind]
             # One full KV cache preempts on its engine: the worst engine speaks for all.
-            table[key] = max(table.get(key, 0.0), value) if key.endswith("_perc") else (
-                table.get(key, 0.0) + value)
+            table[key] = (
+                max(table.get(key, 0.0), value)
+                if key.endswith("_perc")
+                else (table.get(key, 0.0) + value)
+            )
             sub = _label_key(labels)
             if sub is not None:
                 split = labeled.setdefault(key, {})
                 split[sub] = split.get(sub, 0.0) + value
     histograms = {
-        key: HistogramData(tuple(sorted(b.items())), sums.get(key, {}).get("sum", 0.0),
-                           sums.get(key, {}).get("count", b.get(math.inf, 0.0)))
+        key: HistogramData(
+            tuple(sorted(b.items())),
+            sums.get(key, {}).get("sum", 0.0),
+            sums.get(key, {}).get("count", b.get(math.inf, 0.0)),
+        )
         for key, b in buckets.items()
     }
-    return Snapshot(t=t, counters=tables["counter"], gauges=tables["gauge"],
-                    histograms=histograms, labeled=labeled, cache_config=info)
+    return Snapshot(
+        t=t,
+        counters=tables["counter"],
+        gauges=tables["gauge"],
+        histograms=histograms,
+        labeled=labeled,
+        cache_config=info,
+    )
 
 
 def parse_metrics(text: str, t: float | None = None) -> Snapshot:
@@ -179,8 +206,9 @@ class ScrapeStats:
     max_elapsed_s: float = 0.0
 
 
-async def scrape(session: aiohttp.ClientSession, url: str, timeout: float,
-                 stats: ScrapeStats | None = None) -> Snapshot | None:
+async def scrape(
+    session: aiohttp.ClientSession, url: str, timeout: float, stats: ScrapeStats | None = None
+) -> Snapshot | None:
     """One ``GET url``; None (counted in ``stats``) on any failure or after ``timeout`` s."""
     t0 = time.monotonic()
     if stats is not None:
@@ -222,8 +250,15 @@ class Scraper:
     that long and the next tick proceeds.
     """
 
-    def __init__(self, url: str, *, interval_s: float = 1.0, timeout_s: float = 5.0,
-                 boundary_timeout_s: float = 10.0, boundary_attempts: int = 3) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float = 5.0,
+        boundary_timeout_s: float = 10.0,
+        boundary_attempts: int = 3,
+    ) -> None:
         if interval_s <= 0 or timeout_s <= 0 or boundary_timeout_s <= 0 or boundary_attempts < 1:
             raise ValueError("intervals and timeouts must be positive, attempts at least 1")
         self.url = url
@@ -285,16 +320,19 @@ class Scraper:
             after = await self._boundary()
         finally:
             await self._session.close()
-        self.result = LevelScrape(self._before, after, tuple(self._samples),
-                                  replace(self.stats))
+        self.result = LevelScrape(self._before, after, tuple(self._samples), replace(self.stats))
         return self.result
 
     async def __aenter__(self) -> Scraper:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.result is not None or self._session is None:
             return
         if exc is None:

@@ -7,41 +7,65 @@ resumed after Ctrl-C."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import signal
 import time
-import warnings
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig, parse_config
-from autotune.errors import ConfigError, SimStartupError, StorageError
+from autotune.errors import ConfigError, NotFoundError, SimStartupError, StorageError
+from autotune.report.dashboard import (
+    enqueue_attrs,
+    record_trial,
+    record_trial_start,
+    refresh_after_run,
+)
 from autotune.sim.hardware import HardwareProfile, get_hardware
 from autotune.sim.models import ModelProfile, get_model, load_model_config
 from autotune.store import Store, StudyRecord
-from autotune.tuning.plan import baseline_engine_args, build_bounds, estimate_peak_concurrency
+from autotune.tuning.claims import Claimed, Done
+from autotune.tuning.lanes import LanePlan, RunBudget, lane_events, plan_lanes, run_lanes
+from autotune.tuning.plan import (
+    baseline_engine_args,
+    build_bounds,
+    estimate_peak_concurrency,
+    screen_max_model_len,
+)
 from autotune.tuning.runners import VirtualRunner, capacity_search, make_runner
-from autotune.tuning.scoring import Slo
+from autotune.tuning.scoring import CONSTRAINT_NAMES, Slo, record_rank
+from autotune.tuning.session import ControllerSession
 from autotune.tuning.space import (
     MNBT_PARAM,
     PARAM_ORDER,
     SpaceBounds,
-    mnbt_range,
-    suggest,
-    unit_from_mnbt,
 )
-from autotune.tuning.strategy import next_stage, planned_total, sampler_for
-from autotune.tuning.trial import Event, TrialSetup, run_trial
-from autotune.workload.build import build_workload
+from autotune.tuning.stages import SCREENING_ATTR
+from autotune.tuning.stopping import Interrupted, stop_on_signals
+from autotune.tuning.strategy import planned_total
+from autotune.tuning.trial import Event, TrialOutcome, TrialSetup, lattice_of, run_trial
+from autotune.tuning.validate import VALIDATION_ATTR, ValidationOutcome, run_validation
+from autotune.workload.build import study_workload
 from autotune.workload.core import Workload
 
-__all__ = ["RunReport", "config_yaml_of", "create_study", "fail_running", "load_study_config",
-           "run_study"]
+__all__ = [
+    "RunReport",
+    "config_yaml_of",
+    "constraint_names",
+    "create_study",
+    "fail_running",
+    "load_study_config",
+    "optuna_value",
+    "run_study",
+]
 
 log = logging.getLogger(__name__)
 _BOUNDS_ATTR = "autotune.bounds"
@@ -51,6 +75,10 @@ _BOUNDS_ATTR = "autotune.bounds"
 class RunReport:
     trials_run: int
     stopped_by: str  # "plan complete" | "n_trials" | "timeout"
+    idle_s: float = 0.0  # waiting for other controllers' trials (docs/faults.md)
+    recovered: list[str] = field(default_factory=list)  # what the start-up recovery fixed
+    retried: list[int] = field(default_factory=list)  # retries this run queued
+    validation_runs: int = 0  # re-measurements made after the search (tuning/validate.py)
 
 
 def _model(cfg: StudyConfig) -> ModelProfile:
@@ -71,32 +99,57 @@ def _bounds_from_json(text: str) -> SpaceBounds:
 
 
 def _sample_params(b: SpaceBounds, engine_args: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampler's parameters for known engine args (to enqueue the baseline)."""
-    mml, mns = int(engine_args["max_model_len"]), int(engine_args["max_num_seqs"])
-    chunked = bool(engine_args.get("enable_chunked_prefill", b.enable_chunked_prefill))
-    lo, hi = mnbt_range(b, mml, mns, chunked)
-    out = {"max_model_len": mml,
-           "gpu_memory_utilization": float(engine_args["gpu_memory_utilization"]),
-           "max_num_seqs": mns,
-           MNBT_PARAM: unit_from_mnbt(int(engine_args["max_num_batched_tokens"]), lo, hi)}
+    """The sampler's parameters for known engine args (to enqueue the baseline): the engine
+    values themselves (the trial runs the enqueued engine args, kept beside them)."""
+    out = {
+        "max_model_len": int(engine_args["max_model_len"]),
+        "gpu_memory_utilization": float(engine_args["gpu_memory_utilization"]),
+        "max_num_seqs": int(engine_args["max_num_seqs"]),
+        MNBT_PARAM: int(engine_args["max_num_batched_tokens"]),
+    }
     for name, choices in b.extras:
         out[name] = engine_args.get(name, choices[0])
     return out
 
 
-def _enqueue(study: optuna.Study, cfg: StudyConfig, b: SpaceBounds,
-             baseline: dict[str, Any]) -> None:
+def _enqueued_configs(
+    cfg: StudyConfig, b: SpaceBounds, baseline: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The baseline and the ``enqueue:`` configs, each checked against the search space
+    before anything is stored: a tuned name, and for a parameter with choices (the
+    ``max_model_len`` candidates, ``search.extra``) one of them; Optuna would refuse any
+    other value only when the trial runs (docs/faults.md#7-enqueued-values)."""
     configs = [("baseline", baseline)]
     known = set(PARAM_ORDER) | {n for n, _ in b.extras}
+    choices: dict[str, tuple[Any, ...]] = {
+        "max_model_len": tuple(b.max_model_len_candidates),
+        **dict(b.extras),
+    }
     for i, entry in enumerate(cfg.enqueue):
         unknown = sorted(set(entry) - known)
         if unknown:
-            raise ConfigError(f"enqueue[{i}].{unknown[0]}: not a tuned parameter "
-                              f"(known: {', '.join(sorted(known))})")
+            raise ConfigError(
+                f"enqueue[{i}].{unknown[0]}: not a tuned parameter "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        for name, value in entry.items():
+            allowed = choices.get(name)
+            if allowed is not None and value not in allowed:
+                raise ConfigError(
+                    f"enqueue[{i}].{name}: {value!r} is not in the search space (this "
+                    f"study's choices: {', '.join(repr(c) for c in allowed)})"
+                )
         configs.append((f"enqueue-{i}", {**baseline, **entry}))
+    return configs
+
+
+def _enqueue(
+    study: optuna.Study, b: SpaceBounds, configs: list[tuple[str, dict[str, Any]]]
+) -> None:
     for label, engine_args in configs:
-        study.enqueue_trial(_sample_params(b, engine_args),
-                            user_attrs={"label": label, "engine_args": engine_args})
+        study.enqueue_trial(
+            _sample_params(b, engine_args), user_attrs=enqueue_attrs(label, engine_args)
+        )
 
 
 def load_study_config(rec: StudyRecord) -> StudyConfig:
@@ -106,7 +159,7 @@ def load_study_config(rec: StudyRecord) -> StudyConfig:
 def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecord:
     """Validate everything that can be checked before a launch, then store the study."""
     model, hw = _model(cfg), get_hardware(cfg.hardware)
-    wl = build_workload(cfg.workload, vocab_size=model.vocab_size)
+    wl = study_workload(cfg, vocab_size=model.vocab_size)
     prof = wl.profile()
     cands_probe = build_bounds(cfg, model, prof, 0).max_model_len_candidates
     base_mml = max(cands_probe)
@@ -116,136 +169,409 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
         # Concurrency grows with the offered load: size max_num_seqs for the load the
         # baseline itself sustains within the SLOs (a quick sim-virtual capacity search).
         scale = asyncio.run(_baseline_capacity(cfg, model, hw, wl, baseline))
-    peak = cfg.workload.peak_concurrency or estimate_peak_concurrency(model, hw, wl, base_mml,
-                                                                      scale)
+    peak = cfg.workload.peak_concurrency or estimate_peak_concurrency(
+        model, hw, wl, base_mml, scale
+    )
     bounds = build_bounds(cfg, model, prof, peak)
+    # Before any launch: candidates whose over-length rate on this workload breaks the limit
+    # would fail at every load; they are dropped here, and none left is a config error.
+    screening = screen_max_model_len(
+        bounds.max_model_len_candidates,
+        [r.prompt_len for r in wl.requests],
+        [r.output_len for r in wl.requests],
+        cfg.slo.max_overlength_rate,
+    )
+    # the baseline's max_model_len is the longest candidate: kept whenever any is
+    bounds = replace(bounds, max_model_len_candidates=screening.kept)
+    configs = _enqueued_configs(cfg, bounds, baseline)
     if store.get_study(cfg.name) is not None:
-        raise StorageError(f"study {cfg.name!r} already exists; use `autotune study run "
-                           f"{cfg.name}` to continue it or `autotune study delete {cfg.name}`")
-    study = optuna.create_study(study_name=cfg.name, storage=store.url,
-                                direction="maximize", load_if_exists=True)
+        raise StorageError(
+            f"study {cfg.name!r} already exists; use `autotune study run "
+            f"{cfg.name}` to continue it or `autotune study delete {cfg.name}`"
+        )
+    study = optuna.create_study(
+        study_name=cfg.name,
+        storage=store.optuna_storage(),
+        direction="maximize",
+        load_if_exists=True,
+    )
     if study.trials:
-        raise StorageError(f"an Optuna study named {cfg.name!r} already has trials in this "
-                           "database; pick another study name")
+        raise StorageError(
+            f"an Optuna study named {cfg.name!r} already has trials in this "
+            "database; pick another study name"
+        )
     study.set_user_attr(_BOUNDS_ATTR, _bounds_to_json(bounds))
     study.set_user_attr("autotune.baseline", baseline)
     study.set_user_attr("autotune.workload_fingerprint", prof.fingerprint)
-    _enqueue(study, cfg, bounds, baseline)
+    study.set_user_attr(SCREENING_ATTR, screening.to_dict())
+    _enqueue(study, bounds, configs)
     profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
-    rec = StudyRecord(name=cfg.name, config_yaml=config_yaml, workload_profile=profile,
-                      mode=cfg.mode, worker_kind=cfg.worker.kind, optuna_study_name=cfg.name)
+    rec = StudyRecord(
+        name=cfg.name,
+        config_yaml=config_yaml,
+        workload_profile=profile,
+        mode=cfg.mode,
+        worker_kind=cfg.worker.kind,
+        optuna_study_name=cfg.name,
+    )
     rec.id = store.create_study(rec)
     return rec
 
 
-async def _baseline_capacity(cfg: StudyConfig, model: ModelProfile, hw: HardwareProfile,
-                             wl: Workload, baseline: Mapping[str, Any]) -> float:
-    runner = VirtualRunner(model, hw, model_name=cfg.model.name, static_args={}, seed=cfg.seed,
-                           jitter_cv=0.0)
+async def _baseline_capacity(
+    cfg: StudyConfig,
+    model: ModelProfile,
+    hw: HardwareProfile,
+    wl: Workload,
+    baseline: Mapping[str, Any],
+) -> float:
+    runner = VirtualRunner(
+        model, hw, model_name=cfg.model.name, static_args={}, seed=cfg.seed, jitter_cv=0.0
+    )
     try:
         await runner.start(baseline, "capacity-probe")
     except SimStartupError:
         return 1.0
-    st = cfg.strategy
-    levels = await capacity_search(runner, wl, Slo.of(cfg.slo), low=st.capacity_low,
-                                   high=st.capacity_high, budget=st.capacity_levels)
-    ok = [lv.scale for lv in levels if lv.feasible]
-    return max(ok) if ok else min(lv.scale for lv in levels)
+    lattice = lattice_of(cfg)
+    res, _ = await capacity_search(
+        runner, wl, Slo.of(cfg.slo), lattice, max_levels=cfg.strategy.capacity_levels
+    )
+    return res.scale if res.scale is not None else lattice.low
+
+
+def optuna_value(cfg: StudyConfig, out: TrialOutcome) -> float:
+    """What the sampler maximises: the objective, except in ``fixed-rate`` mode, where
+    every feasible trial serves the offered rate and the worst SLO margin's headroom ranks
+    them (docs/tuning.md#9-the-fixed-rate-objective); an infeasible trial scores 0."""
+    if cfg.mode != "fixed-rate":
+        return out.score.objective
+    if not out.score.feasible:
+        return 0.0
+    return record_rank(cfg.mode, Slo.of(cfg.slo), out.record)[0] or out.score.objective
+
+
+def constraint_names(cfg: StudyConfig) -> list[str]:
+    """The constraints every trial of ``cfg`` reports to Optuna."""
+    return [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint else [])]
+
+
+def _sampler_seed(seed: int, n_trials: int) -> int:
+    """A fresh sampler's seed for the next trial: a hash of the study's seed and the trial
+    count. (``seed + n`` would make seed 1's samples seed 0's shifted by one trial.)"""
+    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, n_trials])
+    return int(ss.generate_state(1)[0])
 
 
 def fail_running(study: optuna.Study, store: Store, name: str) -> None:
-    """Mark every RUNNING trial FAIL. Only for trials a killed controller left behind (Ctrl-C
-    already fails its own trial): other controllers sharing the study may be running theirs,
-    so this is never done implicitly."""
+    """Mark every RUNNING trial FAIL and every RUNNING validation run PENDING. Only for what a
+    killed controller left behind (Ctrl-C already does it for its own): other controllers
+    sharing the study may be running theirs, so this is never done implicitly."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL)
     for tr in store.trials(name):
         if tr.state == "RUNNING" and tr.id is not None:
             store.update_trial(tr.id, state="FAIL")
+    for rr in store.repeats(name):  # validation runs are units of work: run them again
+        if rr.state == "RUNNING" and rr.id is not None:
+            store.update_repeat(rr.id, state="PENDING", started_at=None)
 
 
-async def _run(cfg: StudyConfig, store: Store, study: optuna.Study, bounds: SpaceBounds,
-               wl: Workload, model: ModelProfile, hw: HardwareProfile, n_trials: int | None,
-               timeout: float | None, on_event: Event | None, workdir: Path) -> RunReport:
-    runner = make_runner(cfg, model, hw, workdir)
-    setup = TrialSetup(cfg, runner, wl, store, cfg.name, on_event)
-    limit = n_trials if n_trials is not None else float("inf")  # this run; the plan caps
-    t0 = time.monotonic()
-    ran = 0
+async def _run(
+    cfg: StudyConfig,
+    store: Store,
+    study: optuna.Study,
+    bounds: SpaceBounds,
+    wl: Workload,
+    model: ModelProfile,
+    hw: HardwareProfile,
+    n_trials: int | None,
+    timeout: float | None,
+    on_event: Event | None,
+    workdir: Path,
+    plan: LanePlan | None = None,
+) -> RunReport:
+    """This process as one of the study's controllers (registered, heartbeating, recovering
+    what others left, docs/faults.md) running trials until the plan, ``n_trials`` or
+    ``timeout`` ends the run, on each lane of ``plan`` at once (docs/parallel.md); SIGTERM
+    and SIGHUP end it as Ctrl-C does."""
+    session = ControllerSession(
+        store,
+        study,
+        cfg,
+        bounds,
+        seed_for=lambda n: _sampler_seed(cfg.seed, n),
+        constraint_names=constraint_names(cfg),
+    )
+    ended, note = "failed", None
+    try:
+        recovered = session.open()
+        with stop_on_signals() as stop:
+            try:
+                report = await _trials(
+                    cfg,
+                    store,
+                    study,
+                    bounds,
+                    wl,
+                    model,
+                    hw,
+                    n_trials,
+                    timeout,
+                    on_event,
+                    workdir,
+                    session,
+                    recovered,
+                    stop.signum_now,
+                    plan,
+                )
+            except asyncio.CancelledError:
+                if stop.signum is not None:
+                    ended, note = "interrupted", signal.Signals(stop.signum).name
+                    raise Interrupted(stop.signum) from None
+                raise
+        ended = "stopped"
+        return report
+    except KeyboardInterrupt:
+        ended, note = "interrupted", note or "interrupted"
+        raise
+    except BaseException as exc:
+        note = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        session.close(ended, note)
+
+
+async def _trials(
+    cfg: StudyConfig,
+    store: Store,
+    study: optuna.Study,
+    bounds: SpaceBounds,
+    wl: Workload,
+    model: ModelProfile,
+    hw: HardwareProfile,
+    n_trials: int | None,
+    timeout: float | None,
+    on_event: Event | None,
+    workdir: Path,
+    session: ControllerSession,
+    recovered: list[str],
+    stop_signal: Callable[[], int | None],
+    plan: LanePlan | None = None,
+) -> RunReport:
+    if timeout is None:
+        timeout = cfg.strategy.timeout_s  # the config's default limit for a run
+    budget = RunBudget(n_trials, timeout)  # the clock starts now
     first = study.get_trials(deepcopy=False)
-    planned = planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue))
+    planned = planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), first)
     if on_event is not None:
-        on_event("run_start", {"planned": planned,
-                               "done": sum(1 for t in first if t.state == TrialState.COMPLETE)})
-    while True:
-        if ran >= limit:
-            return RunReport(ran, "n_trials")
-        if timeout is not None and time.monotonic() - t0 >= timeout:
-            return RunReport(ran, "timeout")
-        trials = study.get_trials(deepcopy=False)
-        waiting = sum(1 for t in trials if t.state == TrialState.WAITING)
-        stage = next_stage(trials, cfg.strategy, bounds, waiting)
-        if stage is None:
-            return RunReport(ran, "plan complete")
-        with warnings.catch_warnings():
-            # the baseline may lie outside the ranges on purpose (vLLM's defaults), and
-            # PartialFixedSampler is what the staged method needs, experimental or not
-            warnings.filterwarnings("ignore", message=".*out of range.*")
-            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-            study.sampler = sampler_for(stage, trials, bounds, cfg.seed + len(trials))
-            trial = study.ask()
-            values = suggest(trial, bounds)
-        engine_args = dict(trial.user_attrs.get("engine_args") or values.engine_args())
-        label = trial.user_attrs.get("label")
-        stage_name = "baseline" if label == "baseline" else (label or stage)
-        caps = [t.user_attrs.get("capacity_scale") for t in trials
-                if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")]
-        setup.start_scale = max((c for c in caps if c), default=1.0)
-        trial.set_user_attr("stage", stage_name)
-        trial.set_user_attr("engine_args", engine_args)
-        try:
-            out = await run_trial(setup, number=trial.number, stage=stage_name,
-                                  params=trial.params, engine_args=engine_args)
-        except BaseException:
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        for name, value in out.score.constraints.items():
-            trial.set_constraint(name, value)
-        trial.set_user_attr("feasible", out.score.feasible)
-        trial.set_user_attr("failure_class", out.failure_class)
-        trial.set_user_attr("capacity_scale", out.score.capacity_scale)
-        trial.set_user_attr("launch_command", out.record.launch_command)
-        top = out.record.headline_level()
-        if top is not None:
-            trial.set_user_attr("p99_ttft_ms", top.p99_ttft_ms)
-            trial.set_user_attr("p99_tpot_ms", top.p99_tpot_ms)
-        if out.record.diagnosis:
-            trial.set_user_attr("diagnosis", out.record.diagnosis.get("kind"))
-            trial.set_user_attr("diagnosis_suggestion", out.record.diagnosis.get("suggestion"))
-        study.tell(trial, out.score.objective)
-        ran += 1
+        on_event(
+            "run_start",
+            {
+                "planned": planned,
+                "done": sum(1 for t in first if t.state == TrialState.COMPLETE),
+                "timeout_s": timeout,
+                "recovered": recovered,  # what dead runs left, and how it was fixed
+                "lanes": [",".join(d) for d in plan.lanes] if plan is not None else None,
+            },
+        )
+    assert session.claims is not None and session.recovery is not None
+    claims, retried = session.claims, session.recovery.retried
+    halted: list[str] = []  # why the other lanes stopped, once one lane failed
+
+    async def lane(index: int) -> str:
+        """Claim and run trials one after another until the run ends (one lane)."""
+        setups: dict[str | None, TrialSetup] = {}
+
+        def setup_for(engine_args: Mapping[str, Any]) -> TrialSetup:
+            # the lane's devices, or worker.gpus when the run has no --gpus (which the
+            # in-process simulator never sees)
+            devices = (
+                plan.devices_for(index, {**cfg.worker.static_args, **engine_args})
+                if plan is not None
+                else cfg.worker.gpus
+                if cfg.worker.kind != "sim-virtual"
+                else None
+            )
+            if devices not in setups:
+                runner = make_runner(cfg, model, hw, workdir, registry=session, gpus=devices)
+                emit = on_event if plan is None else lane_events(on_event, index, devices)
+                setups[devices] = TrialSetup(
+                    cfg, runner, wl, store, cfg.name, emit, devices=devices
+                )
+            return setups[devices]
+
+        while True:
+            if (why := budget.reserve()) is not None:
+                return why
+            # the next trial, claimed exactly once among every lane of every controller of
+            # the study; or wait while others run the rest of the current stage
+            got = claims.next(index)
+            if not isinstance(got, Claimed):
+                budget.release()
+                if isinstance(got, Done):
+                    return "plan complete"
+                await session.idle(got, on_event, index)
+                continue
+            session.claimed(got)
+            trial, stage_name, engine_args = got.trial, got.stage, got.engine_args
+            setup = setup_for(engine_args)
+            record_trial_start(study, trial, stage_name, engine_args, cfg.mode)
+            if setup.devices is not None or "devices" in trial.user_attrs:  # a retry's copy
+                trial.set_user_attr("devices", setup.devices)
+            # No capacity hint: every trial gets the same search as the baseline. Under noise
+            # a search started at the best capacity so far finds lucky feasible points up
+            # there that a search from the ends never visits
+            # (docs/tuning.md#1-the-capacity-lattice).
+            try:
+                out = await run_trial(
+                    setup,
+                    number=trial.number,
+                    stage=stage_name,
+                    params=trial.params,
+                    engine_args=engine_args,
+                    # trial numbers are Optuna's (0-based) everywhere; the position counts
+                    # complete trials, so a resumed run never reads "trial 7 of 6"
+                    # the plan's size as of now: the baseline's diagnosis resizes it
+                    position=(
+                        got.complete_before + 1,
+                        planned_total(
+                            cfg.strategy,
+                            bounds,
+                            1 + len(cfg.enqueue),
+                            study.get_trials(deepcopy=False),
+                        ),
+                    ),
+                )
+            except BaseException as exc:
+                # failed in both stores and queued again, once (docs/faults.md)
+                why_failed = halted[0] if halted else _why_stopped(exc, stop_signal())
+                line = claims.abandon(got, why_failed)
+                session.released(got)
+                if line and setup.on_event is not None:
+                    setup.on_event("trial_abandoned", {"number": trial.number, "line": line})
+                raise
+            record_trial(study, trial, out, cfg)  # constraints, attributes, the trial's note
+            study.tell(trial, optuna_value(cfg, out))
+            claims.finish(got)
+            session.released(got)
+            budget.finished()
+
+    if plan is None or len(plan.lanes) == 1:
+        stopped = [await lane(0)]
+    else:
+
+        def halt(exc: BaseException) -> None:
+            halted.append(_why_stopped(exc, stop_signal()))
+
+        bodies = [functools.partial(lane, i) for i in range(len(plan.lanes))]
+        stopped = await run_lanes(bodies, halt)
+    # a lane that found the plan complete speaks for the run; else the first limit reached
+    stopped_by = next((w for w in ("plan complete", "timeout") if w in stopped), stopped[0])
+    runs = 0
+    if stopped_by == "plan complete":
+        # the search is over: re-measure its top configs within the same time limit, one
+        # run at a time on the first lane's devices (docs/tuning.md#7-validation)
+        gpus = ",".join(plan.lanes[0]) if plan is not None else cfg.worker.gpus
+        v = await _validate(
+            cfg, store, study, model, hw, workdir, on_event, budget.t0, timeout, session, gpus
+        )
+        stopped_by, runs = v.stopped_by or stopped_by, v.runs
+    return RunReport(budget.ran, stopped_by, session.idle_s, recovered, list(retried), runs)
 
 
-def run_study(name: str, store: Store, *, n_trials: int | None = None,
-              timeout: float | None = None, on_event: Event | None = None,
-              workdir: Path | None = None, reset_running: bool = False) -> RunReport:
+def _why_stopped(exc: BaseException, signum: int | None) -> str:
+    if signum is not None:
+        return f"the run was stopped by {signal.Signals(signum).name}"
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+        return "the run was interrupted"
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"the run failed ({type(exc).__name__}: {first})"
+
+
+async def _validate(
+    cfg: StudyConfig,
+    store: Store,
+    study: optuna.Study,
+    model: ModelProfile,
+    hw: HardwareProfile,
+    workdir: Path,
+    on_event: Event | None,
+    t0: float,
+    timeout: float | None,
+    session: ControllerSession,
+    gpus: str | None,
+) -> ValidationOutcome:
+    """The validation phase (docs/tuning.md#7-validation): its runs are stored in autotune's
+    table, its summary is a study attribute for the dashboard."""
+    return await run_validation(
+        cfg,
+        store,
+        cfg.name,
+        make_runner=lambda seed: make_runner(
+            cfg.model_copy(update={"seed": seed}),
+            model,
+            hw,
+            workdir,
+            registry=session,
+            gpus=gpus if cfg.worker.kind != "sim-virtual" else None,
+        ),
+        vocab_size=model.vocab_size,
+        deadline=None if timeout is None else t0 + timeout,
+        on_event=on_event,
+        publish=lambda summary: study.set_user_attr(VALIDATION_ATTR, summary),
+    )
+
+
+def run_study(
+    name: str,
+    store: Store,
+    *,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    on_event: Event | None = None,
+    workdir: Path | None = None,
+    reset_running: bool = False,
+    gpus: str | None = None,
+    gpus_per_trial: int | None = None,
+) -> RunReport:
+    """Run (or resume) the study ``name``. ``gpus`` (``--gpus``): run trials in parallel,
+    ``gpus_per_trial`` devices each (docs/parallel.md); it overrides ``worker.gpus``."""
     rec = store.get_study(name)
     if rec is None:
-        raise StorageError(f"no study named {name!r} in {store.url.split('@')[-1]}; "
-                           "create it with `autotune study create --config FILE`")
+        raise NotFoundError(
+            f"no study named {name!r} in {store.url.split('@')[-1]}; "
+            "create it with `autotune study create --config FILE`"
+        )
     cfg = load_study_config(rec)
+    if gpus is None and gpus_per_trial is not None:
+        raise ConfigError("--gpus-per-trial applies only with --gpus")
+    plan = plan_lanes(gpus, gpus_per_trial, cfg) if gpus is not None else None
+    if plan is not None and len(plan.lanes) > 1 and cfg.worker.kind == "sim-virtual":
+        log.warning(
+            "worker.kind sim-virtual simulates in this process: its %d lanes take turns "
+            "(docs/parallel.md#6-the-in-process-simulator)",
+            len(plan.lanes),
+        )
     model, hw = _model(cfg), get_hardware(cfg.hardware)
-    study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.url)
+    study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
     bounds = _bounds_from_json(str(study.user_attrs[_BOUNDS_ATTR]))
-    wl = build_workload(cfg.workload, vocab_size=model.vocab_size)
-    if wl.fingerprint() != study.user_attrs.get("autotune.workload_fingerprint"):
-        raise ConfigError(f"study {name!r}: the workload no longer matches the one the study "
-                          "was created with (its file changed?); create a new study")
+    stored = study.user_attrs.get("autotune.workload_fingerprint")
+    wl = study_workload(cfg, vocab_size=model.vocab_size, expect_fingerprint=stored)
+    if wl.fingerprint() != stored:
+        raise ConfigError(
+            f"study {name!r}: the workload no longer matches the one the study "
+            "was created with (its file changed?); create a new study"
+        )
     if reset_running:
         fail_running(study, store, name)
     work = workdir or Path(cfg.worker.workdir) / name
-    return asyncio.run(_run(cfg, store, study, bounds, wl, model, hw, n_trials, timeout,
-                            on_event, work))
+    t0 = time.monotonic()
+    report = asyncio.run(
+        _run(cfg, store, study, bounds, wl, model, hw, n_trials, timeout, on_event, work, plan)
+    )
+    if report.trials_run:  # optuna-dashboard's study note and plots, as of this run's end
+        refresh_after_run(study, cfg, rec, store, time.monotonic() - t0)
+    return report
 
 
 def config_yaml_of(path: str | Path) -> str:
@@ -253,4 +579,3 @@ def config_yaml_of(path: str | Path) -> str:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config ({exc.strerror or exc})") from exc
-

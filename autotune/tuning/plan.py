@@ -4,6 +4,8 @@ plus one quick in-process simulation to estimate peak concurrency when it is not
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import RangeSpec, StudyConfig
@@ -17,32 +19,50 @@ from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
 from autotune.workload.profile import WorkloadProfile
 
-__all__ = ["baseline_engine_args", "build_bounds", "estimate_peak_concurrency"]
+__all__ = [
+    "Screening",
+    "baseline_engine_args",
+    "build_bounds",
+    "estimate_peak_concurrency",
+    "overlength_rate",
+    "screen_max_model_len",
+]
 
 # max_num_seqs search range when nothing else is known (configurable per study)
 _MNS_FLOOR = 8
 _MNS_CAP = 4096
 
 
-def baseline_engine_args(model: ModelProfile, hw: HardwareProfile,
-                         max_model_len: int) -> dict[str, Any]:
-    """vLLM's defaults for the GPU class (``vllm serve``, vllm.md §1.1), with max_model_len
-    from the workload: the seed guide's "baseline before any change"."""
+def baseline_engine_args(
+    model: ModelProfile, hw: HardwareProfile, max_model_len: int
+) -> dict[str, Any]:
+    """vLLM's defaults for the GPU class (``vllm serve``,
+    docs/vllm.md#11-batch-defaults-per-gpu-class), with max_model_len from the workload: the
+    seed guide's "baseline before any change" (docs/method.md#2-baseline-before-any-change)."""
     r = EngineArgs(max_model_len=max_model_len).resolve(model, hw)
-    return {"max_model_len": r.max_model_len,
-            "gpu_memory_utilization": r.gpu_memory_utilization,
-            "max_num_seqs": r.max_num_seqs, "max_num_batched_tokens": r.max_num_batched_tokens}
+    return {
+        "max_model_len": r.max_model_len,
+        "gpu_memory_utilization": r.gpu_memory_utilization,
+        "max_num_seqs": r.max_num_seqs,
+        "max_num_batched_tokens": r.max_num_batched_tokens,
+    }
 
 
-def estimate_peak_concurrency(model: ModelProfile, hw: HardwareProfile, wl: Workload,
-                              max_model_len: int, scale: float = 1.0) -> int:
+def estimate_peak_concurrency(
+    model: ModelProfile, hw: HardwareProfile, wl: Workload, max_model_len: int, scale: float = 1.0
+) -> int:
     """Requests in the engine at once (running + waiting) when the workload is replayed at
     ``scale`` times its rate on vLLM's defaults, simulated in-process (milliseconds)."""
     if wl.closed_loop_concurrency is not None:
         return wl.closed_loop_concurrency
     try:
-        res = simulate(model, hw, EngineArgs(max_model_len=max_model_len),
-                       scale_rate(wl, scale).to_sim_requests(), jitter_cv=0.0)
+        res = simulate(
+            model,
+            hw,
+            EngineArgs(max_model_len=max_model_len),
+            scale_rate(wl, scale).to_sim_requests(),
+            jitter_cv=0.0,
+        )
     except SimStartupError:
         return 0  # the defaults do not even start: no estimate, use the fallback range
     tl = res.timeline
@@ -53,24 +73,30 @@ def _rng(spec: RangeSpec, lo: float, hi: float) -> tuple[float, float]:
     return (spec.low if spec.low is not None else lo, spec.high if spec.high is not None else hi)
 
 
-def build_bounds(cfg: StudyConfig, model: ModelProfile, prof: WorkloadProfile,
-                 peak_concurrency: int) -> SpaceBounds:
+def build_bounds(
+    cfg: StudyConfig, model: ModelProfile, prof: WorkloadProfile, peak_concurrency: int
+) -> SpaceBounds:
     s = cfg.search
     if s.max_model_len.candidates:
         cands = tuple(sorted(set(s.max_model_len.candidates)))
     else:
         t = prof.total_len
-        cands = max_model_len_candidates(math.ceil(t.p95), math.ceil(t.p99),
-                                         int(t.max), margin=s.max_model_len_margin,
-                                         model_max=model.max_position_embeddings)
+        cands = max_model_len_candidates(
+            math.ceil(t.p95),
+            math.ceil(t.p99),
+            int(t.max),
+            margin=s.max_model_len_margin,
+            model_max=model.max_position_embeddings,
+        )
         if s.max_model_len.low is not None or s.max_model_len.high is not None:
             lo, hi = _rng(s.max_model_len, 1, model.max_position_embeddings)
             cands = tuple(c for c in cands if lo <= c <= hi) or (int(hi),)
     if max(cands) > model.max_position_embeddings:
-        raise ConfigError(f"search.max_model_len: candidate {max(cands)} exceeds the model's "
-                          f"maximum ({model.max_position_embeddings})")
-    util_lo, util_hi = _rng(s.gpu_memory_utilization, 0.80,
-                            0.97 if cfg.mode == "offline" else 0.95)
+        raise ConfigError(
+            f"search.max_model_len: candidate {max(cands)} exceeds the model's "
+            f"maximum ({model.max_position_embeddings})"
+        )
+    util_lo, util_hi = _rng(s.gpu_memory_utilization, 0.80, 0.97 if cfg.mode == "offline" else 0.95)
     peak = cfg.workload.peak_concurrency or peak_concurrency
     mns_hi_default = min(_MNS_CAP, max(2 * peak, 2 * _MNS_FLOOR)) if peak else 1024
     mns_lo, mns_hi = _rng(s.max_num_seqs, _MNS_FLOOR, mns_hi_default)
@@ -79,10 +105,78 @@ def build_bounds(cfg: StudyConfig, model: ModelProfile, prof: WorkloadProfile,
     static = cfg.worker.static_args
     try:
         return SpaceBounds(
-            max_model_len_candidates=cands, util_low=float(util_lo), util_high=float(util_hi),
-            mns_low=int(mns_lo), mns_high=int(max(mns_hi, mns_lo)), mnbt_low=int(mnbt_lo),
+            max_model_len_candidates=cands,
+            util_low=float(util_lo),
+            util_high=float(util_hi),
+            mns_low=int(mns_lo),
+            mns_high=int(max(mns_hi, mns_lo)),
+            mnbt_low=int(mnbt_lo),
             mnbt_high=int(mnbt_hi),
             enable_chunked_prefill=bool(static.get("enable_chunked_prefill", True)),
-            extras=extras)
+            extras=extras,
+        )
     except ValueError as exc:
         raise ConfigError(f"search: {exc}") from exc
+
+
+def overlength_rate(max_model_len: int, prompt: Sequence[int], output: Sequence[int]) -> float:
+    """The share of requests ``max_model_len`` does not fit: refused (the prompt alone
+    reaches it) or served cut short (prompt + output beyond it), the two parts of the
+    over-length rate (docs/tuning.md#3-the-per-level-record)."""
+    if not prompt:
+        return 0.0
+    over = sum(
+        1
+        for p, o in zip(prompt, output, strict=True)
+        if p >= max_model_len or p + o > max_model_len
+    )
+    return over / len(prompt)
+
+
+@dataclass(frozen=True)
+class Screening:
+    """The ``max_model_len`` candidates the workload allows (pure data, stored in the plan)."""
+
+    kept: tuple[int, ...]
+    rates: dict[int, float] = field(default_factory=dict)  # every candidate's over-length rate
+    limit: float = 0.0
+
+    @property
+    def dropped(self) -> tuple[int, ...]:
+        return tuple(c for c in sorted(self.rates) if c not in self.kept)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "limit": self.limit,
+            "kept": list(self.kept),
+            "dropped": [
+                {
+                    "max_model_len": c,
+                    "overlength_rate": self.rates[c],
+                    "why": f"{self.rates[c]:.2%} of the workload's requests do not fit "
+                    f"(limit {self.limit:.2%})",
+                }
+                for c in self.dropped
+            ],
+        }
+
+
+def screen_max_model_len(
+    candidates: Sequence[int], prompt: Sequence[int], output: Sequence[int], limit: float
+) -> Screening:
+    """Drop the candidates whose over-length rate on the workload breaks ``limit``: they
+    would fail the over-length constraint at every load, so launching them wastes a trial.
+    Raises :class:`ConfigError` when none is left."""
+    rates = {int(c): overlength_rate(int(c), prompt, output) for c in candidates}
+    kept = tuple(c for c in sorted(rates) if rates[c] <= limit)
+    if not kept:
+        best = max(rates)
+        raise ConfigError(
+            f"search.max_model_len: every candidate breaks slo.max_overlength_rate "
+            f"({limit:.2%}) on this workload; the longest, {best}, leaves "
+            f"{rates[best]:.2%} of the requests over-length. Add a longer candidate (the "
+            "workload's longest prompt + output needs "
+            f"{max(p + o for p, o in zip(prompt, output, strict=True))}) or raise "
+            "slo.max_overlength_rate"
+        )
+    return Screening(kept, rates, limit)

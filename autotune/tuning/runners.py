@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,29 +21,82 @@ from typing import Any, Protocol
 import numpy as np
 
 from autotune.config import StudyConfig
+from autotune.errors import ConfigError, ServiceError
 from autotune.failures import FailureMatch
+from autotune.loadgen.client import make_session
+from autotune.loadgen.early_stop import StopRule, stopped_summary
+from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.metrics import RequestRecord, summarize
-from autotune.loadgen.runner import ProgressSnapshot, run_load
+from autotune.loadgen.probe import probe_server
+from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
+from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import SimResult, simulate
 from autotune.sim.hardware import HardwareProfile
 from autotune.sim.memory import plan_memory
 from autotune.sim.models import ModelProfile
-from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, write_sd_targets
+from autotune.sim.request import SimRequest
+from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, publish_sd_target
 from autotune.telemetry.summary import LevelTelemetry, from_scrape, from_sim_timeline
-from autotune.tuning.scoring import LevelScore, Slo, next_scale, score_level
+from autotune.tuning.capacity import CapacityResult, CapacitySearch, Lattice
+from autotune.tuning.early_stop import WARMUP_PREFIX, SimWatch, rule_of
+from autotune.tuning.plan import build_bounds
+from autotune.tuning.scoring import LevelScore, Slo, score_level
+from autotune.workers.guard import GroupRegistry
 from autotune.workers.sim import SimWorker
 from autotune.workers.vllm import VllmWorker, format_command, vllm_argv
-from autotune.workload.build import prepare_prompts, scale_rate
+from autotune.workload.build import (
+    measured_lengths_path,
+    model_folder,
+    save_measured_lengths,
+    scale_rate,
+)
 from autotune.workload.core import Workload
 
-__all__ = ["HttpRunner", "LevelOutcome", "Runner", "StartInfo", "VirtualRunner", "capacity_search",
-           "make_runner", "records_from_sim", "sim_engine_args"]
+__all__ = [
+    "HttpRunner",
+    "LevelOutcome",
+    "Runner",
+    "StartInfo",
+    "VirtualRunner",
+    "capacity_search",
+    "jitter_seed",
+    "length_guard",
+    "make_runner",
+    "only_overlength",
+    "records_from_sim",
+    "sim_engine_args",
+]
 
-_SIM_ARG_FIELDS = {"max_model_len", "gpu_memory_utilization", "max_num_seqs",
-                   "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
-                   "tensor_parallel_size", "block_size", "kv_cache_memory_bytes",
-                   "long_prefill_token_threshold", "enforce_eager"}
+_SIM_ARG_FIELDS = {
+    "max_model_len",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "tensor_parallel_size",
+    "block_size",
+    "kv_cache_memory_bytes",
+    "long_prefill_token_threshold",
+    "enforce_eager",
+}
+
+
+_LOG_SETTLE_S = 0.5
+# what a level's metrics keep of a worker death (the log context goes to the trial)
+_DEATH_KEYS = (
+    "cause",
+    "message",
+    "pid",
+    "process",
+    "returncode",
+    "signal",
+    "failure_class",
+    "log_line",
+    "detected_at_s",
+    "stopped_at_s",
+)
 
 
 @dataclass
@@ -57,7 +112,7 @@ class StartInfo:
 class LevelOutcome:
     scale: float
     offered_rate: float | None
-    metrics: dict[str, Any]
+    metrics: LevelMetrics
     extra: dict[str, Any] = field(default_factory=dict)  # telemetry and diagnosis
 
 
@@ -66,9 +121,12 @@ class Runner(Protocol):
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo: ...
 
-    async def run_level(self, workload: Workload, scale: float,
-                        progress: Callable[[ProgressSnapshot], None] | None = None
-                        ) -> LevelOutcome: ...
+    async def run_level(
+        self,
+        workload: Workload,
+        scale: float,
+        progress: Callable[[ProgressSnapshot], None] | None = None,
+    ) -> LevelOutcome: ...
 
     def failure(self) -> FailureMatch | None: ...
 
@@ -89,36 +147,77 @@ def sim_engine_args(engine_args: Mapping[str, Any], static: Mapping[str, Any]) -
     return EngineArgs(**{k: v for k, v in merged.items() if k in _SIM_ARG_FIELDS})
 
 
-def _with_diagnosis(out: LevelOutcome, tel: LevelTelemetry | None, mns: int,
-                    mnbt: int) -> LevelOutcome:
-    """Attach the level's telemetry and the seed guide's bottleneck diagnosis."""
+def _with_diagnosis(
+    out: LevelOutcome, tel: LevelTelemetry | None, mns: int, mnbt: int
+) -> LevelOutcome:
+    """Attach the level's telemetry and the seed guide's bottleneck diagnosis
+    (docs/method.md#3-reading-the-bottleneck)."""
     if tel is not None:
         d = diagnose(tel, max_num_seqs=mns, max_num_batched_tokens=mnbt)
         out.extra["telemetry"] = tel.to_dict()
         out.extra["diagnosis"] = d.to_dict()
         if "preemptions" in tel.counters:  # the server's counter delta over the level
-            out.metrics["num_preemptions"] = tel.counters["preemptions"]
+            out.metrics = out.metrics.with_preemptions(tel.counters["preemptions"])
     return out
 
 
+def jitter_seed(seed: int, scale: float) -> int:
+    """The in-process engine's jitter seed for one level: a function of the study's seed
+    and the load scale only, so a level's result never depends on which levels ran before
+    it (common random numbers, docs/tuning.md#2-common-random-numbers)."""
+    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, round(scale * 1_000_000)])
+    return int(ss.generate_state(1, np.uint64)[0])
+
+
+_WARMUP_PREFIX = WARMUP_PREFIX
+
+
 def records_from_sim(res: SimResult) -> tuple[list[RequestRecord], float]:
+    """One record per simulated request (warm-ups marked, by their ``warmup-`` id; requests
+    an early stop left unfinished have none) and the last measured finish."""
     recs: list[RequestRecord] = []
     end = 0.0
     for r in res.requests:
-        if r.rejected:
-            recs.append(RequestRecord(
-                request_id=r.request_id, success=False, error=f"over_length: {r.reject_reason}",
-                http_status=400, prompt_len=r.prompt_len, scheduled_at=r.arrival,
-                sent_at=r.arrival, finished_at=r.arrival, over_length=True))
+        if r.request_id.startswith(_WARMUP_PREFIX):
+            recs.append(RequestRecord(request_id=r.request_id, success=True, warmup=True))
             continue
+        if r.rejected:
+            recs.append(
+                RequestRecord(
+                    request_id=r.request_id,
+                    success=False,
+                    error=f"over_length: {r.reject_reason}",
+                    http_status=400,
+                    prompt_len=r.prompt_len,
+                    scheduled_at=r.arrival,
+                    sent_at=r.arrival,
+                    finished_at=r.arrival,
+                    over_length=True,
+                )
+            )
+            continue
+        if math.isnan(r.finish):
+            continue  # unfinished when the replay stopped
         tt = r.token_times
         end = max(end, r.finish)
-        recs.append(RequestRecord(
-            request_id=r.request_id, success=True, prompt_len=r.prompt_len,
-            prompt_tokens=r.prompt_len, output_tokens=len(tt), scheduled_at=r.arrival,
-            sent_at=r.arrival, first_token_at=r.first_token, last_token_at=r.finish,
-            finished_at=r.finish, itl=np.diff(tt).tolist(), ttft=r.ttft, e2el=r.e2e,
-            truncated=r.truncated))
+        recs.append(
+            RequestRecord(
+                request_id=r.request_id,
+                success=True,
+                prompt_len=r.prompt_len,
+                prompt_tokens=r.prompt_len,
+                output_tokens=len(tt),
+                scheduled_at=r.arrival,
+                sent_at=r.arrival,
+                first_token_at=r.first_token,
+                last_token_at=r.finish,
+                finished_at=r.finish,
+                itl=np.diff(tt).tolist(),
+                ttft=r.ttft,
+                e2el=r.e2e,
+                truncated=r.truncated,
+            )
+        )
     return recs, end
 
 
@@ -127,38 +226,86 @@ class VirtualRunner:
 
     kind = "sim-virtual"
 
-    def __init__(self, model: ModelProfile, hardware: HardwareProfile, *, model_name: str,
-                 static_args: Mapping[str, Any], seed: int, jitter_cv: float) -> None:
+    def __init__(
+        self,
+        model: ModelProfile,
+        hardware: HardwareProfile,
+        *,
+        model_name: str,
+        static_args: Mapping[str, Any],
+        seed: int,
+        jitter_cv: float,
+        warmup: int = 0,
+        early_stop: StopRule | None = None,
+    ) -> None:
         self.model, self.hardware, self.model_name = model, hardware, model_name
         self.static = dict(static_args)
         self.seed, self.jitter_cv = seed, jitter_cv
+        self.warmup = warmup
+        self.early_stop = early_stop  # None: every level replays to its end
         self.args: EngineArgs | None = None
-        self._levels = 0
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
         args = sim_engine_args(engine_args, self.static)
         mem = plan_memory(self.model, self.hardware, args.resolve(self.model, self.hardware))
-        self.args, self._levels = args, 0
-        argv = vllm_argv(["vllm"], self.model_name, engine_args, static_args=self.static,
-                         host="127.0.0.1", port=8000)
+        self.args = args
+        argv = vllm_argv(
+            ["vllm"],
+            self.model_name,
+            engine_args,
+            static_args=self.static,
+            host="127.0.0.1",
+            port=8000,
+        )
         return StartInfo(format_command(argv), argv, 0.0, mem.kv_tokens, mem.max_concurrency)
 
-    async def run_level(self, workload: Workload, scale: float,
-                        progress: Callable[[ProgressSnapshot], None] | None = None
-                        ) -> LevelOutcome:
+    async def run_level(
+        self,
+        workload: Workload,
+        scale: float,
+        progress: Callable[[ProgressSnapshot], None] | None = None,
+    ) -> LevelOutcome:
         assert self.args is not None, "start() first"
         wl = scale_rate(workload, scale)
-        self._levels += 1
-        res = simulate(self.model, self.hardware, self.args, wl.to_sim_requests(),
-                       seed=self.seed * 1000 + self._levels, jitter_cv=self.jitter_cv,
-                       concurrency=wl.closed_loop_concurrency)
+        reqs = wl.to_sim_requests()
+        # copies of the first requests (cycled), sent at once before the measured replay, as
+        # the HTTP load generator's warm-up does
+        warm = [
+            SimRequest(
+                q.prompt_len,
+                q.output_len,
+                0.0,
+                q.prompt_token_ids,
+                f"{_WARMUP_PREFIX}{i}-{q.request_id or i}",
+            )
+            for i, q in ((i, reqs[i % len(reqs)]) for i in range(self.warmup if reqs else 0))
+        ]
+        watch = SimWatch(self.early_stop, len(reqs), len(warm)) if self.early_stop else None
+        res = simulate(
+            self.model,
+            self.hardware,
+            self.args,
+            reqs,
+            seed=jitter_seed(self.seed, scale),
+            jitter_cv=self.jitter_cv,
+            concurrency=wl.closed_loop_concurrency,
+            warmup=warm,
+            stop=watch,
+        )
         recs, end = records_from_sim(res)
-        start = min((r.scheduled_at for r in recs), default=0.0)
-        metrics = summarize(recs, max(end - start, 1e-9))
+        measured = [r for r in res.requests if not r.request_id.startswith(_WARMUP_PREFIX)]
+        start = min((r.arrival for r in measured), default=0.0)
+        if res.stopped_at is not None:
+            end = res.stopped_at
+        summary = summarize(recs, max(end - start, 1e-9))
+        summary["replay_s"] = res.end - start  # engine seconds replayed (warm-ups excluded)
+        if watch is not None and watch.reason is not None and res.stopped_at is not None:
+            summary = _sim_stopped(summary, watch, res, measured, start, reqs, recs)
+        metrics = LevelMetrics.from_summary(summary)
         out = LevelOutcome(scale, _offered(workload, scale), metrics)
         r = res.args
-        tel = from_sim_timeline(res, -1.0, float("inf"), r.max_num_batched_tokens,
-                                r.max_num_seqs)
+        t0 = start if warm else -1.0  # the measured replay only
+        tel = from_sim_timeline(res, t0, float("inf"), r.max_num_batched_tokens, r.max_num_seqs)
         return _with_diagnosis(out, tel, r.max_num_seqs, r.max_num_batched_tokens)
 
     def failure(self) -> FailureMatch | None:
@@ -168,23 +315,86 @@ class VirtualRunner:
         self.args = None
 
 
-class HttpRunner:
-    """``sim`` / ``vllm``: a worker process per trial and the aiohttp load generator."""
+def _sim_stopped(
+    summary: dict[str, Any],
+    watch: SimWatch,
+    res: SimResult,
+    measured: list[Any],
+    start: float,
+    reqs: list[SimRequest],
+    recs: list[RequestRecord],
+) -> dict[str, Any]:
+    """The summary of a level the watch stopped: every TTFT known or bounded at the stop
+    (docs/tuning.md#10-early-stop-inside-a-level) and what the stop saved at least (the
+    arrivals still to come)."""
+    assert watch.reason is not None and res.stopped_at is not None
+    stop = res.stopped_at
+    known = [
+        r.ttft if not math.isnan(r.first_token) else stop - r.arrival
+        for r in measured
+        if not r.rejected
+    ]
+    span = max(q.arrival for q in reqs) - min(q.arrival for q in reqs) if reqs else 0.0
+    return stopped_summary(
+        summary,
+        reason=watch.reason,
+        at_request=watch.arrived,
+        planned=len(reqs),
+        replay_s=res.end - start,
+        ttft_known_s=known,
+        saved_s_at_least=start + span - stop,
+        tpot_known_s=[r.tpot for r in recs if r.success and r.output_tokens > 1]
+        + watch.tpot_bounds,
+    )
 
-    def __init__(self, worker: VllmWorker, *, kind: str, model_name: str,
-                 endpoint: str, token_ids: bool, vocab_size: int, time_scale: float,
-                 scrape_interval_s: float = 2.0, prometheus_url: str | None = None,
-                 sd_file: Path | None = None) -> None:
+
+class HttpRunner:
+    """``sim`` / ``vllm``: a worker process per trial and the aiohttp load generator.
+
+    Prompts go through the server's calibration (:mod:`autotune.loadgen.tokens`): token ids
+    for completions, chat text of the requested lengths, given text counted by the server.
+    A worker that dies mid-level (:mod:`autotune.workers.watch`) stops the level at once:
+    nothing more is sent, what completed is kept, and the outcome is flagged ``partial`` with
+    the death's cause, exit code or signal and the log around it.
+    """
+
+    def __init__(
+        self,
+        worker: VllmWorker,
+        *,
+        kind: str,
+        model_name: str,
+        endpoint: str,
+        vocab_size: int,
+        time_scale: float,
+        scrape_interval_s: float = 2.0,
+        prometheus_url: str | None = None,
+        sd_file: Path | None = None,
+        model_dir: Path | None = None,
+        warmup: int = 0,
+        early_stop: StopRule | None = None,
+    ) -> None:
         self.worker, self.kind, self.model_name = worker, kind, model_name
-        self.endpoint, self.token_ids, self.vocab = endpoint, token_ids, vocab_size
+        self.early_stop = early_stop  # None: every level replays to its end
+        self.warmup = warmup  # requests sent before each level's measured replay
+        self.endpoint, self.vocab = endpoint, vocab_size
         self.time_scale = time_scale
         self.scrape_interval_s = scrape_interval_s
-        self.prom = (PrometheusTelemetry(prometheus_url, scrape_interval_s=scrape_interval_s)
-                     if prometheus_url else None)
+        self.prom = (
+            PrometheusTelemetry(prometheus_url, scrape_interval_s=scrape_interval_s)
+            if prometheus_url
+            else None
+        )
         self.sd_file = sd_file
+        # this runner's entry in the targets file, which parallel lanes share
+        self._sd_owner = f"runner-{id(self):x}"
+        self.model_dir = model_dir
         self.base_url: str | None = None
         self.trial_name = ""
         self.engine_args: dict[str, Any] = {}
+        # called with the requested and the prepared workload before a level is sent (the
+        # study checks that server-measured text lengths keep its max_model_len candidates)
+        self.check_prepared: Callable[[Workload, Workload], None] | None = None
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
         info = await self.worker.start(engine_args, trial_name)
@@ -193,83 +403,271 @@ class HttpRunner:
         if self.prom is not None and self.sd_file is not None:
             # Prometheus discovers each trial's fresh port through this file (file_sd).
             hostport = info.base_url.split("://", 1)[1]
-            write_sd_targets(self.sd_file, [(hostport, {"trial": trial_name,
-                                                        "job": "autotune"})])
-        return StartInfo(info.command, list(info.argv), info.startup_s, info.kv_cache_tokens,
-                         info.max_concurrency)
+            labels = {"trial": trial_name, "job": "autotune"}
+            publish_sd_target(self.sd_file, self._sd_owner, hostport, labels)
+        return StartInfo(
+            info.command,
+            list(info.argv),
+            info.startup_s,
+            info.kv_cache_tokens,
+            info.max_concurrency,
+        )
 
-    async def run_level(self, workload: Workload, scale: float,
-                        progress: Callable[[ProgressSnapshot], None] | None = None
-                        ) -> LevelOutcome:
+    async def prepare(self, workload: Workload) -> Workload:
+        """``workload`` with every prompt as this trial's server should get it."""
         assert self.base_url is not None, "start() first"
-        wl = prepare_prompts(scale_rate(workload, scale), token_ids=self.token_ids,
-                             vocab_size=self.vocab)
+        async with make_session() as session:
+            try:
+                info = await probe_server(self.base_url, self.worker.api_key)
+            except ServiceError:
+                if self.worker.failure() is None:
+                    raise
+                return workload  # it died: the level stops before sending anything
+            tokens = await server_tokens(
+                session,
+                info,
+                model=self.model_name,
+                model_dir=self.model_dir,
+                api_key=self.worker.api_key,
+            )
+            wl = await prepare_for_server(
+                workload,
+                tokens,
+                endpoint=self.endpoint,  # type: ignore[arg-type]
+                vocab_size=self.vocab,
+            )
+        if self.check_prepared is not None:
+            self.check_prepared(workload, wl)
+        return wl
+
+    async def run_level(
+        self,
+        workload: Workload,
+        scale: float,
+        progress: Callable[[ProgressSnapshot], None] | None = None,
+    ) -> LevelOutcome:
+        assert self.base_url is not None, "start() first"
+        wl = await self.prepare(scale_rate(workload, scale))
         mns = int(self.engine_args.get("max_num_seqs", 0)) or None
         mnbt = int(self.engine_args.get("max_num_batched_tokens", 0)) or None
         if self.prom is not None:
             await asyncio.to_thread(self.prom.wait_for_sample, self.trial_name, time.time())
         t_start = time.time()
-        async with Scraper(self.base_url + "/metrics",
-                           interval_s=self.scrape_interval_s) as scraper:
-            res = await run_load(self.base_url, wl.requests, model=self.model_name,
-                                 endpoint=self.endpoint,  # type: ignore[arg-type]
-                                 max_concurrency=wl.closed_loop_concurrency,
-                                 time_scale=self.time_scale, progress=progress)
-        out = LevelOutcome(scale, _offered(workload, scale), dict(res.summary))
+        async with Scraper(
+            self.base_url + "/metrics", interval_s=self.scrape_interval_s
+        ) as scraper:
+            res = await run_load(
+                self.base_url,
+                wl.requests,
+                model=self.model_name,
+                endpoint=self.endpoint,  # type: ignore[arg-type]
+                max_concurrency=wl.closed_loop_concurrency,
+                time_scale=self.time_scale,
+                progress=progress,
+                api_key=self.worker.api_key,
+                stop=self.worker.death_event,
+                warmup=self.warmup,
+                early_stop=self.early_stop,
+            )
+        res.summary["replay_s"] = res.wall_s  # wall seconds replayed (warm-ups excluded)
+        out = LevelOutcome(scale, _offered(workload, scale), LevelMetrics.from_summary(res.summary))
+        if res.stopped_at is not None:
+            await asyncio.sleep(_LOG_SETTLE_S)  # the dying server's last log lines
+            self._flag_partial(out, res, len(wl.requests))
         tel: LevelTelemetry | None = None
         if self.prom is not None:
-            tel = await asyncio.to_thread(self.prom.level, self.trial_name, t_start,
-                                          time.time(), max_num_seqs=mns,
-                                          max_num_batched_tokens=mnbt)
+            tel = await asyncio.to_thread(
+                self.prom.level,
+                self.trial_name,
+                t_start,
+                time.time(),
+                max_num_seqs=mns,
+                max_num_batched_tokens=mnbt,
+            )
         elif scraper.result is not None and scraper.result.before is not None:
             tel = from_scrape(scraper.result, max_num_seqs=mns, max_num_batched_tokens=mnbt)
         return _with_diagnosis(out, tel, mns or 0, mnbt or 0)
+
+    def _flag_partial(self, out: LevelOutcome, res: LoadResult, planned: int) -> None:
+        """Mark a level the worker's death cut short, with what is known of the death."""
+        sent = [r.sent_at for r in res.records if not r.warmup and r.sent_at is not None]
+        report = self.worker.death_report() or {}
+        detected = report.get("detected_at")
+        if isinstance(detected, float):  # perf_counter -> the records' engine seconds
+            report["detected_at_s"] = (detected - res.origin) * res.time_scale
+        report["stopped_at_s"] = res.stopped_at
+        out.extra["worker_death"] = report
+        summary = {
+            **out.metrics.summary,
+            "partial": True,
+            "planned_requests": planned,
+            "sent_requests": len(sent),
+            "last_sent_at_s": max(sent, default=None),  # engine s, as detected_at_s
+            "worker_death": {k: report.get(k) for k in _DEATH_KEYS},
+        }
+        out.metrics = dataclasses.replace(out.metrics, partial=True, summary=summary)
 
     def failure(self) -> FailureMatch | None:
         return self.worker.failure()
 
     async def stop(self) -> None:
         await self.worker.stop()
+        if self.base_url is not None and self.prom is not None and self.sd_file is not None:
+            publish_sd_target(self.sd_file, self._sd_owner, None)  # Prometheus stops scraping
         self.base_url = None
 
 
-async def capacity_search(runner: Runner, workload: Workload, slo: Slo, *, low: float,
-                          high: float, budget: int, start: float = 1.0) -> list[LevelScore]:
-    """The bracketed search for the highest load meeting ``slo`` on a started runner (no
-    storage, no events): the baseline's capacity probe and the benchmarks' re-measurements."""
+async def capacity_search(
+    runner: Runner,
+    workload: Workload,
+    slo: Slo,
+    lattice: Lattice,
+    *,
+    max_levels: int = 24,
+    hint: float | None = None,
+    preemption_constraint: bool = False,
+    on_level: Callable[[LevelOutcome], None] | None = None,
+) -> tuple[CapacityResult, list[LevelScore]]:
+    """The lattice capacity search (docs/tuning.md#1-the-capacity-lattice) on a started runner,
+    without storage or events: the baseline's capacity probe, the validation runs and the
+    benchmarks' re-measurements use exactly the protocol the trials use. ``on_level`` sees
+    each level's outcome."""
+    search = CapacitySearch(lattice, max_levels, hint)
     levels: list[LevelScore] = []
-    while (scale := next_scale([(lv.scale, lv.feasible) for lv in levels], low=low, high=high,
-                               budget=budget, start=start)) is not None:
+    while (k := search.next_index()) is not None:
+        scale = lattice.scale(k)
         out = await runner.run_level(workload, scale)
-        levels.append(score_level(out.metrics, slo, scale))
-    return levels
+        if on_level is not None:
+            on_level(out)
+        ls = score_level(out.metrics, slo, scale, preemption_constraint=preemption_constraint)
+        levels.append(ls)
+        search.record(k, ls.feasible)
+        if only_overlength(ls) or runner.failure() is not None:
+            search.stop()  # no load helps: too long for max_model_len, or the worker died
+    return search.result(), levels
 
 
-def make_runner(cfg: StudyConfig, model: ModelProfile, hardware: HardwareProfile,
-                workdir: Path) -> Runner:
+def only_overlength(ls: LevelScore) -> bool:
+    """Requests too long for max_model_len and nothing else wrong: no load level helps."""
+    others = [v for k, v in ls.violations.items() if k != "overlength_rate"]
+    return ls.violations["overlength_rate"] > 0 and all(v <= 0 for v in others)
+
+
+def length_guard(cfg: StudyConfig, model: ModelProfile) -> Callable[[Workload, Workload], None]:
+    """The check a study runs on each level's prompts: text prompts measured by the server
+    must not change the ``max_model_len`` candidates the study was created with (they were
+    sized from lengths counted without the server). When they would, the measured lengths
+    are saved where ``study create`` finds them, and the study stops with one line asking
+    to re-create it (docs/loadgen.md#43-text-datasets)."""
+
+    def check(requested: Workload, sent: Workload) -> None:
+        if not any(r.prompt_text is not None for r in requested.requests):
+            return
+        before = build_bounds(cfg, model, requested.profile(), 0).max_model_len_candidates
+        after = build_bounds(cfg, model, sent.profile(), 0).max_model_len_candidates
+        if before == after:
+            return
+        path = measured_lengths_path(cfg, requested)
+        save_measured_lengths(
+            path, {r.request_id: r.prompt_len for r in sent.requests if r.prompt_text is not None}
+        )
+        p99 = requested.profile().total_len.p99, sent.profile().total_len.p99
+        raise ConfigError(
+            f"study {cfg.name!r}: the server counts the dataset's prompts differently than "
+            f"`study create` did (p99 prompt+output {p99[0]:.0f} -> {p99[1]:.0f} tokens), "
+            f"which changes the max_model_len candidates {list(before)} -> {list(after)}; "
+            f"the measured lengths are saved in {path}: re-create the study "
+            f"(`autotune study delete {cfg.name}`, then `autotune study create`)"
+        )
+
+    return check
+
+
+def make_runner(
+    cfg: StudyConfig,
+    model: ModelProfile,
+    hardware: HardwareProfile,
+    workdir: Path,
+    registry: GroupRegistry | None = None,
+    gpus: str | None = None,
+) -> Runner:
+    """The runner of ``cfg``'s worker kind; ``registry`` is told about every worker process
+    group (docs/faults.md#3-no-orphaned-workers). ``gpus`` (a lane's devices,
+    docs/parallel.md#2-lanes) overrides ``worker.gpus``."""
     w = cfg.worker
+    devices = gpus if gpus is not None else w.gpus
     name = cfg.model.served_name or cfg.model.name
     t = cfg.telemetry
     tel: dict[str, Any] = {
-        "scrape_interval_s": t.scrape_interval_s, "prometheus_url": t.prometheus_url,
-        "sd_file": Path(t.sd_file) if t.sd_file else workdir / "prometheus-targets.json"}
+        "scrape_interval_s": t.scrape_interval_s,
+        "prometheus_url": t.prometheus_url,
+        "sd_file": Path(t.sd_file) if t.sd_file else workdir / "prometheus-targets.json",
+        "warmup": cfg.workload.warmup,
+        "early_stop": rule_of(cfg),
+    }
     if w.kind == "sim-virtual":
-        return VirtualRunner(model, hardware, model_name=cfg.model.name,
-                             static_args=w.static_args, seed=cfg.seed, jitter_cv=w.jitter_cv)
+        return VirtualRunner(
+            model,
+            hardware,
+            model_name=cfg.model.name,
+            static_args=w.static_args,
+            seed=cfg.seed,
+            jitter_cv=w.jitter_cv,
+            warmup=cfg.workload.warmup,
+            early_stop=tel["early_stop"],
+        )
     if w.kind == "sim":
-        sim = SimWorker(model=cfg.model.name, hardware=hardware.name, workdir=workdir,
-                        time_scale=w.time_scale, sim_seed=cfg.seed,
-                        sim_startup_delay=w.sim_startup_delay_s, served_model_name=name,
-                        static_args={**w.static_args, "sim_jitter_cv": w.jitter_cv},
-                        env=w.env, host=w.host, startup_timeout_s=w.startup_timeout_s)
-        return HttpRunner(sim, kind="sim", model_name=name, endpoint=cfg.workload.endpoint,
-                          token_ids=cfg.workload.endpoint == "completions",
-                          vocab_size=model.vocab_size, time_scale=w.time_scale, **tel)
-    worker = VllmWorker(executable=w.vllm_executable, model=cfg.model.name,
-                        served_model_name=name, static_args=w.static_args, env=w.env,
-                        gpus=w.gpus, host=w.host, startup_timeout_s=w.startup_timeout_s,
-                        workdir=workdir)
-    # Real vLLM gets text prompts: token ids need the model's exact vocabulary.
-    return HttpRunner(worker, kind="vllm", model_name=name, endpoint=cfg.workload.endpoint,
-                      token_ids=False, vocab_size=model.vocab_size, time_scale=1.0, **tel)
-
+        sim = SimWorker(
+            model=cfg.model.name,
+            hardware=hardware.name,
+            workdir=workdir,
+            time_scale=w.time_scale,
+            sim_seed=cfg.seed,
+            sim_startup_delay=w.sim_startup_delay_s,
+            served_model_name=name,
+            static_args={**w.static_args, "sim_jitter_cv": w.jitter_cv},
+            env=w.env,
+            env_passthrough=w.env_passthrough,
+            host=w.host,
+            startup_timeout_s=w.startup_timeout_s,
+            registry=registry,
+            gpus=devices,
+        )
+        runner = HttpRunner(
+            sim,
+            kind="sim",
+            model_name=name,
+            endpoint=cfg.workload.endpoint,
+            vocab_size=model.vocab_size,
+            time_scale=w.time_scale,
+            **tel,
+        )
+        runner.check_prepared = length_guard(cfg, model)
+        return runner
+    worker = VllmWorker(
+        executable=w.vllm_executable,
+        model=cfg.model.name,
+        served_model_name=name,
+        static_args=w.static_args,
+        env=w.env,
+        env_passthrough=w.env_passthrough,
+        gpus=devices,
+        host=w.host,
+        startup_timeout_s=w.startup_timeout_s,
+        workdir=workdir,
+        registry=registry,
+    )
+    # Token ids for real vLLM too: the model folder's tokenizer.json (or the server's
+    # /tokenize) says which ids are ordinary (docs/loadgen.md#4-exact-prompt-lengths).
+    runner = HttpRunner(
+        worker,
+        kind="vllm",
+        model_name=name,
+        endpoint=cfg.workload.endpoint,
+        vocab_size=model.vocab_size,
+        time_scale=1.0,
+        model_dir=model_folder(cfg.model),
+        **tel,
+    )
+    runner.check_prepared = length_guard(cfg, model)
+    return runner

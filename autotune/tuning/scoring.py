@@ -1,29 +1,38 @@
-"""Scoring (pure): per-level feasibility, normalized constraint margins, the objective, and
-the bracketed search for the highest load that meets the SLOs.
+"""Scoring (pure): per-level feasibility, normalized constraint margins, the violations in
+words, and the trial's objective.
 
 Constraint values are normalized margins, positive = violated (Optuna's convention for
 ``trial.set_constraint``): ``(p99 - slo) / slo`` for latency SLOs, ``rate - limit`` for error
-and over-length rates. A worker that fails to start scores objective 0 with every constraint
-at +1, as a COMPLETE trial, so samplers learn the region is infeasible (a FAIL is ignored).
+and over-length rates (defined once, in :mod:`autotune.loadgen.level`). A worker that fails
+to start scores objective 0 with every constraint at +1, as a COMPLETE trial, so samplers
+learn the region is infeasible (a FAIL is ignored).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from autotune.config import SloConfig
+from autotune.loadgen.level import LevelMetrics
+from autotune.store.records import TrialRecord
+from autotune.tuning.capacity import CapacityResult
 
 __all__ = [
     "CONSTRAINT_NAMES",
     "LevelScore",
     "Slo",
     "TrialScore",
+    "Violation",
     "failed_trial_score",
-    "next_scale",
+    "format_violation",
+    "record_rank",
     "score_level",
     "score_trial",
+    "trial_rank",
+    "worst_margin_of",
+    "worst_slo_margin",
 ]
 
 CONSTRAINT_NAMES = ("p99_ttft", "p99_tpot", "error_rate", "overlength_rate")
@@ -43,11 +52,71 @@ class Slo:
 
 
 @dataclass(frozen=True)
+class Violation:
+    """One constraint a level broke: the measured value beside its limit."""
+
+    name: str  # a constraint name (CONSTRAINT_NAMES, "preemptions") or "completed"
+    value: float | None  # None: nothing measured
+    limit: float
+
+    @property
+    def text(self) -> str:
+        return format_violation(self)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "value": self.value, "limit": self.limit, "text": self.text}
+
+
+def _num(x: float, other: float, unit: str, least: int = 0) -> str:
+    """``x`` with just enough digits to differ from ``other`` (58 ms > 50 ms, 45.2 > 45)."""
+    for digits in range(least, 4):
+        a, b = f"{x:,.{digits}f}", f"{other:,.{digits}f}"
+        if a != b:
+            break
+    return a + unit
+
+
+def _limit(x: float, unit: str) -> str:
+    """A limit as written in a config: no trailing zeros (45 ms, 0.5 %)."""
+    return f"{x:,.3f}".rstrip("0").rstrip(".") + unit
+
+
+def _pct(x: float, limit: float) -> str:
+    return f"{_num(100.0 * x, 100.0 * limit, ' %', 1)} > {_limit(100.0 * limit, ' %')}"
+
+
+def format_violation(v: Violation) -> str:
+    """E.g. ``p99 TPOT 58 ms > 50 ms``, ``over-length 1.9 % > 1 %``."""
+    lim = v.limit
+    if v.name == "completed":
+        return "no request completed"
+    if v.value is None:
+        label = {"p99_ttft": "p99 TTFT", "p99_tpot": "p99 TPOT"}.get(v.name, v.name)
+        return f"{label} not measured (SLO {_limit(lim, ' ms')})"
+    x = v.value
+    if v.name in ("p99_ttft", "p99_tpot"):
+        label = "p99 TTFT" if v.name == "p99_ttft" else "p99 TPOT"
+        return f"{label} {_num(x, lim, ' ms')} > {_limit(lim, ' ms')}"
+    if v.name == "error_rate":
+        return f"errors {_pct(x, lim)}"
+    if v.name == "overlength_rate":
+        return f"over-length {_pct(x, lim)}"
+    if v.name == "preemptions":
+        return f"preemptions {x:,.0f} > 0"
+    return f"{v.name} {x:g} > {lim:g}"
+
+
+@dataclass(frozen=True)
 class LevelScore:
     scale: float
-    violations: dict[str, float]
+    violations: dict[str, float]  # normalized margins, positive = violated
     feasible: bool
     output_throughput: float
+    broken: tuple[Violation, ...] = ()  # what made the level infeasible, in words
+
+    @property
+    def texts(self) -> list[str]:
+        return [v.text for v in self.broken]
 
 
 @dataclass(frozen=True)
@@ -57,83 +126,135 @@ class TrialScore:
     feasible: bool
     capacity_scale: float | None = None
     levels: tuple[LevelScore, ...] = field(default_factory=tuple)
+    capacity: CapacityResult | None = None  # slo-capacity: how the lattice search ended
 
 
-def score_level(metrics: Mapping[str, float | int | None], slo: Slo, scale: float = 1.0, *,
-                latency_slos: bool = True, preemption_constraint: bool = False) -> LevelScore:
+def score_level(
+    m: LevelMetrics,
+    slo: Slo,
+    scale: float = 1.0,
+    *,
+    latency_slos: bool = True,
+    preemption_constraint: bool = False,
+) -> LevelScore:
     """Feasible iff p99 TTFT <= SLO, p99 TPOT <= SLO, error rate <= limit and over-length
-    rejections <= limit (all inclusive). ``metrics`` uses ``vllm bench serve``'s keys."""
-    total = int(metrics.get("completed") or 0) + int(metrics.get("failed") or 0)
-    over = int(metrics.get("over_length_rejections") or 0)
-    errors = int(metrics.get("failed") or 0) - over
-    err_rate = errors / total if total else 1.0
-    # requests max_model_len did not fit: refused (prompt too long) or served cut short
-    too_long = over + int(metrics.get("truncated_requests") or 0)
-    over_rate = too_long / total if total else 0.0
+    rate <= limit (all inclusive), with at least one completed request."""
     # Every trial reports the same four constraint names (unused ones at -1, always met), so
     # the sampler compares like with like.
     v: dict[str, float] = {}
-    for name, key, target in (("p99_ttft", "p99_ttft_ms", slo.p99_ttft_ms),
-                              ("p99_tpot", "p99_tpot_ms", slo.p99_tpot_ms)):
+    broken: list[Violation] = []
+    for name, value, target in (
+        ("p99_ttft", m.p99_ttft_ms, slo.p99_ttft_ms),
+        ("p99_tpot", m.p99_tpot_ms, slo.p99_tpot_ms),
+    ):
         if target is None or not latency_slos:
             v[name] = -1.0
+        elif value is None or math.isnan(value) or m.completed == 0:
+            v[name] = 1.0  # nothing measured: cannot claim the SLO holds
+            if m.completed > 0:
+                broken.append(Violation(name, None, target))
         else:
-            value = metrics.get(key)
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                v[name] = 1.0  # nothing measured: cannot claim the SLO holds
-            else:
-                v[name] = (float(value) - target) / target
-    v["error_rate"] = err_rate - slo.max_error_rate
-    v["overlength_rate"] = over_rate - slo.max_overlength_rate
+            v[name] = (value - target) / target
+            if v[name] > 0:
+                broken.append(Violation(name, value, target))
+    total = m.total
+    err = m.error_rate if total else 1.0
+    v["error_rate"] = err - slo.max_error_rate
+    if v["error_rate"] > 0 and total:
+        broken.append(Violation("error_rate", err, slo.max_error_rate))
+    v["overlength_rate"] = m.overlength_rate - slo.max_overlength_rate
+    if v["overlength_rate"] > 0:
+        broken.append(Violation("overlength_rate", m.overlength_rate, slo.max_overlength_rate))
     if preemption_constraint:  # opt-in: any preemption violates (by the server's counter)
-        v["preemptions"] = 1.0 if float(metrics.get("num_preemptions") or 0) > 0 else -1.0
-    completed = int(metrics.get("completed") or 0)
-    feasible = completed > 0 and all(x <= 0 for x in v.values())
-    return LevelScore(scale, v, feasible, float(metrics.get("output_throughput") or 0.0))
+        pre = float(m.num_preemptions or 0)
+        v["preemptions"] = 1.0 if pre > 0 else -1.0
+        if pre > 0:
+            broken.append(Violation("preemptions", pre, 0.0))
+    if m.completed == 0:
+        broken.insert(0, Violation("completed", 0.0, 1.0))
+    feasible = m.completed > 0 and all(x <= 0 for x in v.values())
+    return LevelScore(scale, v, feasible, m.output_throughput, tuple(broken))
 
 
-def score_trial(levels: Sequence[LevelScore]) -> TrialScore:
-    """The objective is output tokens/s at the highest-load feasible level (slo-capacity; a
-    single level for fixed-rate and offline). With no feasible level, the constraints are the
+def score_trial(levels: Sequence[LevelScore], capacity: CapacityResult | None = None) -> TrialScore:
+    """The objective is output tokens/s at the trial's capacity: the lattice point the
+    capacity search settled on (slo-capacity), else the highest-load feasible level (one
+    level for fixed-rate and offline). With no feasible level, the constraints are the
     least-violated level's, so the sampler sees how far off the trial was."""
     if not levels:
         return failed_trial_score()
     feasible = [lv for lv in levels if lv.feasible]
-    if feasible:
+    best: LevelScore | None = None
+    if capacity is not None:
+        if capacity.scale is not None:
+            at = [lv for lv in feasible if math.isclose(lv.scale, capacity.scale, rel_tol=1e-9)]
+            best = at[0] if at else None
+    elif feasible:
         best = max(feasible, key=lambda lv: (lv.scale, lv.output_throughput))
-        return TrialScore(best.output_throughput, dict(best.violations), True, best.scale,
-                          tuple(levels))
+    if best is not None:
+        return TrialScore(
+            best.output_throughput,
+            dict(best.violations),
+            True,
+            best.scale,
+            tuple(levels),
+            capacity,
+        )
     closest = min(levels, key=lambda lv: max(lv.violations.values()))
-    return TrialScore(0.0, dict(closest.violations), False, None, tuple(levels))
+    return TrialScore(0.0, dict(closest.violations), False, None, tuple(levels), capacity)
 
 
 def failed_trial_score(names: Sequence[str] = CONSTRAINT_NAMES) -> TrialScore:
     return TrialScore(0.0, {n: 1.0 for n in names}, False, None, ())
 
 
-def next_scale(history: Sequence[tuple[float, bool]], *, low: float, high: float,
-               budget: int, start: float = 1.0) -> float | None:
-    """The next load scale to try, or None when done.
-
-    Bracketing: start at ``start``; double while feasible (up to ``high``), halve while
-    infeasible (down to ``low``); once bracketed, bisect geometrically between the highest
-    feasible and the lowest infeasible scale. ``budget`` caps the number of levels.
-    """
-    if not history:
-        return min(max(start, low), high)
-    if len(history) >= budget:
+def worst_slo_margin(m: LevelMetrics, slo: Slo) -> float | None:
+    """The worst latency margin of a level: the largest p99 / SLO over the latency SLOs the
+    study sets (p99 TTFT, p99 TPOT); lower is better, above 1 violates. None when no latency
+    SLO is set or a set one was not measured (fixed-rate's gain,
+    docs/tuning.md#7-validation)."""
+    if m.completed == 0:
         return None
-    ok = [s for s, f in history if f]
-    bad = [s for s, f in history if not f]
-    hi_ok = max(ok) if ok else None
-    lo_bad = min(bad) if bad else None
-    if hi_ok is not None and lo_bad is not None and hi_ok < lo_bad:
-        if lo_bad / hi_ok < 1.05:
-            return None  # bracketed within 5 %
-        return math.sqrt(hi_ok * lo_bad)
-    if lo_bad is None:  # all feasible so far
-        assert hi_ok is not None
-        return None if hi_ok >= high else min(hi_ok * 2, high)
-    if hi_ok is None:  # nothing feasible yet
-        return None if lo_bad <= low else max(lo_bad / 2, low)
-    return None  # inconsistent history (noise): stop and report what is known
+    return worst_margin_of(m.p99_ttft_ms, m.p99_tpot_ms, slo)
+
+
+def worst_margin_of(p99_ttft_ms: float | None, p99_tpot_ms: float | None, slo: Slo) -> float | None:
+    """The largest p99 / SLO over the latency SLOs that are set (None: none is set, or a set
+    one was not measured)."""
+    ratios = []
+    for value, target in ((p99_ttft_ms, slo.p99_ttft_ms), (p99_tpot_ms, slo.p99_tpot_ms)):
+        if target is None:
+            continue
+        if value is None or math.isnan(value):
+            return None
+        ratios.append(value / target)
+    return max(ratios) if ratios else None
+
+
+def trial_rank(
+    mode: str,
+    slo: Slo,
+    objective: float | None,
+    p99_ttft_ms: float | None,
+    p99_tpot_ms: float | None,
+) -> tuple[float, float]:
+    """How trials of a mode compare, higher is better
+    (docs/tuning.md#9-the-fixed-rate-objective). ``fixed-rate``: every feasible trial
+    serves the offered rate, so throughput only measures noise; the worst SLO margin ranks
+    them (its headroom ``1 / margin``, so higher is better) and throughput breaks ties.
+    Other modes: the objective."""
+    obj = objective or 0.0
+    if mode != "fixed-rate":
+        return (obj, 0.0)
+    margin = worst_margin_of(p99_ttft_ms, p99_tpot_ms, slo)
+    if margin is None or margin <= 0:
+        return (0.0, obj)  # no latency SLO set: throughput alone
+    return (1.0 / margin, obj)
+
+
+def record_rank(mode: str, slo: Slo, t: TrialRecord) -> tuple[float, float]:
+    """:func:`trial_rank` of a stored trial (its headline level's p99s)."""
+    top = t.headline_level()
+    return trial_rank(
+        mode, slo, t.objective, top.p99_ttft_ms if top else None, top.p99_tpot_ms if top else None
+    )

@@ -1,16 +1,20 @@
 """The search space, suggested define-by-run in a fixed order (pure; no I/O).
 
 Order: ``max_model_len`` -> ``gpu_memory_utilization`` -> ``max_num_seqs`` ->
-``max_num_batched_tokens`` (free memory first, then concurrency: the seed guide's method),
-then optional extra parameters.
+``max_num_batched_tokens`` (free memory first, then concurrency: the seed guide's method,
+docs/method.md#4-one-variable-at-a-time-in-a-fixed-order), then optional extra parameters.
 
 Model-based samplers (TPE, GP) drop a parameter whose distribution changes between trials
 and fall back to independent sampling. ``max_num_batched_tokens`` depends on earlier choices
 (vLLM requires ``>= max_num_seqs``, and ``>= max_model_len`` with chunked prefill off), so it
-is sampled as a unit fraction on a FIXED ``[0, 1]`` distribution and mapped log-linearly onto
-the range that the earlier values allow; the engine value is recorded beside it. Every
-suggestion therefore passes vLLM's startup validation; memory failures cannot be known before
-a launch and are learned through constraints instead.
+is sampled on a FIXED log range (``search.max_num_batched_tokens``) and, where the earlier
+values need more, raised to the valid minimum: the sampler's value IS the engine value
+whenever it is valid, and Optuna keeps the raw suggestion beside the engine value the trial
+ran with (docs/tuning.md#8-the-staged-plan). An earlier version sampled a unit fraction of
+the valid range; its engine value moved whenever ``max_num_seqs`` did, so a stage that "held
+the token budget fixed" did not, and the dashboard ranked an internal fraction as the most
+important parameter. Every suggestion passes vLLM's startup validation; memory failures
+cannot be known before a launch and are learned through constraints instead.
 """
 
 from __future__ import annotations
@@ -27,15 +31,13 @@ __all__ = [
     "SpaceBounds",
     "TrialLike",
     "max_model_len_candidates",
-    "mnbt_from_unit",
+    "mnbt_engine_value",
     "mnbt_range",
     "suggest",
-    "unit_from_mnbt",
 ]
 
-PARAM_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs",
-               "max_num_batched_tokens")
-MNBT_PARAM = "max_num_batched_tokens_frac"  # the sampler's name for the unit fraction
+PARAM_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+MNBT_PARAM = "max_num_batched_tokens"  # the sampler's parameter is the engine value
 
 
 class TrialLike(Protocol):
@@ -43,11 +45,13 @@ class TrialLike(Protocol):
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
 
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
-                      log: bool = False) -> float: ...
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
 
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1,
-                    log: bool = False) -> int: ...
+    def suggest_int(
+        self, name: str, low: int, high: int, *, step: int = 1, log: bool = False
+    ) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -85,46 +89,44 @@ class EngineValues:
 
     def engine_args(self) -> dict[str, Any]:
         """In the fixed order, extras after the four."""
-        return {"max_model_len": self.max_model_len,
-                "gpu_memory_utilization": self.gpu_memory_utilization,
-                "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens, **self.extras}
+        return {
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            **self.extras,
+        }
 
 
 def _round_up(x: float, multiple: int) -> int:
     return int(math.ceil(x / multiple) * multiple)
 
 
-def max_model_len_candidates(p95: int, p99: int, max_len: int, *, margin: float,
-                             model_max: int, multiple: int = 256) -> tuple[int, ...]:
+def max_model_len_candidates(
+    p95: int, p99: int, max_len: int, *, margin: float, model_max: int, multiple: int = 256
+) -> tuple[int, ...]:
     """p95, p99 and max of prompt+output, each plus ``margin`` and rounded up to a multiple
     of 256, capped at the model's maximum (seed guide: size max_model_len to the real length
-    distribution, never the model maximum)."""
-    out = sorted({min(_round_up(v * (1 + margin), multiple), model_max)
-                  for v in (p95, p99, max_len)})
+    distribution, never the model maximum;
+    docs/method.md#5-sizing-the-maximum-model-length-from-real-lengths)."""
+    out = sorted(
+        {min(_round_up(v * (1 + margin), multiple), model_max) for v in (p95, p99, max_len)}
+    )
     return tuple(out)
 
 
-def mnbt_range(b: SpaceBounds, max_model_len: int, max_num_seqs: int,
-               chunked_prefill: bool) -> tuple[int, int]:
+def mnbt_range(
+    b: SpaceBounds, max_model_len: int, max_num_seqs: int, chunked_prefill: bool
+) -> tuple[int, int]:
     """Valid max_num_batched_tokens for the earlier choices (vLLM's SchedulerConfig rules)."""
     lo = max(b.mnbt_low, max_num_seqs, 0 if chunked_prefill else max_model_len)
     return lo, max(b.mnbt_high, lo)
 
 
-def mnbt_from_unit(u: float, lo: int, hi: int) -> int:
-    if hi <= lo:
-        return lo
-    v = math.exp(math.log(lo) + min(max(u, 0.0), 1.0) * (math.log(hi) - math.log(lo)))
-    return min(max(round(v), lo), hi)
-
-
-def unit_from_mnbt(value: int, lo: int, hi: int) -> float:
-    """Inverse of :func:`mnbt_from_unit` (to fix a stage at a known engine value)."""
-    if hi <= lo:
-        return 0.0
-    u = (math.log(max(value, lo)) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return min(max(u, 0.0), 1.0)
+def mnbt_engine_value(suggested: int, lo: int, hi: int) -> int:
+    """The engine value of a suggestion: itself when valid, else raised (or cut) into
+    ``[lo, hi]``, the range the earlier choices allow (:func:`mnbt_range`)."""
+    return min(max(int(suggested), lo), hi)
 
 
 def suggest(trial: TrialLike, b: SpaceBounds) -> EngineValues:
@@ -132,8 +134,8 @@ def suggest(trial: TrialLike, b: SpaceBounds) -> EngineValues:
     mml = int(trial.suggest_categorical("max_model_len", list(b.max_model_len_candidates)))
     util = trial.suggest_float("gpu_memory_utilization", b.util_low, b.util_high, step=0.01)
     mns = trial.suggest_int("max_num_seqs", b.mns_low, b.mns_high, log=True)
-    u = trial.suggest_float(MNBT_PARAM, 0.0, 1.0)
+    raw = trial.suggest_int(MNBT_PARAM, b.mnbt_low, b.mnbt_high, log=True)
     extras = {name: trial.suggest_categorical(name, list(choices)) for name, choices in b.extras}
     chunked = bool(extras.get("enable_chunked_prefill", b.enable_chunked_prefill))
     lo, hi = mnbt_range(b, mml, mns, chunked)
-    return EngineValues(mml, round(util, 4), mns, mnbt_from_unit(u, lo, hi), extras)
+    return EngineValues(mml, round(util, 4), mns, mnbt_engine_value(raw, lo, hi), extras)

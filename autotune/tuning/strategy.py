@@ -1,14 +1,23 @@
 """Strategies: which stage the next trial belongs to and which sampler suggests it.
 
-``staged`` (default; the seed guide's method): the baseline (and any ``enqueue:`` configs)
-first, then one stage per parameter in the fixed order, each tuning only that parameter with
-every other one fixed at the best feasible point found so far (Optuna's
-``PartialFixedSampler``), then an optional short joint refinement.
+``staged`` (default; the seed guide's method,
+docs/method.md#4-one-variable-at-a-time-in-a-fixed-order): the baseline (and any ``enqueue:``
+configs) first, then one stage per parameter in the fixed order, each tuning only that
+parameter with every other one fixed at the ENGINE values of the best feasible point found so
+far (Optuna's ``PartialFixedSampler``), with budgets the baseline's diagnosis decides
+(:mod:`autotune.tuning.stages`), then an optional short joint refinement.
 ``joint``: one constrained multivariate TPE over all parameters, still suggested in order.
+``random``: independent uniform draws over the same space (a reference point for the others).
+``grid``: in the style of vLLM's ``benchmarks/auto_tune/auto_tune.sh``: ``max_model_len`` and
+``gpu_memory_utilization`` fixed at the top of their ranges, a log-spaced grid of
+``max_num_seqs`` x ``max_num_batched_tokens`` sized to the trial budget, visited in a seeded
+random order (as Optuna's GridSampler does) so that a study cut short still spans the grid.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,54 +25,106 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StrategyConfig
-from autotune.tuning.space import MNBT_PARAM, SpaceBounds
+from autotune.report.dashboard import ENGINE_PREFIX
+from autotune.tuning.linesearch import next_on_line
+from autotune.tuning.space import MNBT_PARAM, SpaceBounds, mnbt_range
+from autotune.tuning.stages import (
+    baseline_trial,
+    choices_of,
+    stage_param,
+    stage_params,
+    stage_plan,
+)
 
-__all__ = ["best_trial", "fixed_point", "next_stage", "planned_total", "sampler_for",
-           "stage_params"]
-
-
-def stage_params(b: SpaceBounds) -> list[str]:
-    """Sampler parameter names, one stage each, in the fixed order (extras last)."""
-    return ["max_model_len", "gpu_memory_utilization", "max_num_seqs", MNBT_PARAM,
-            *(name for name, _ in b.extras)]
+__all__ = [
+    "best_trial",
+    "fixed_point",
+    "grid_points",
+    "next_stage",
+    "planned_total",
+    "sampler_for",
+    "stage_params",
+]
 
 
 def _stage_name(param: str) -> str:
-    return "max_num_batched_tokens" if param == MNBT_PARAM else param
+    return param  # every sampler parameter is named after its engine arg
 
 
-def _done(trials: Sequence[FrozenTrial], stage: str) -> int:
-    return sum(1 for t in trials if t.user_attrs.get("stage") == stage
-               and t.state == TrialState.COMPLETE)
+def _done(trials: Sequence[FrozenTrial], stage: str, running: bool = False) -> int:
+    states = (TrialState.COMPLETE, TrialState.RUNNING) if running else (TrialState.COMPLETE,)
+    return sum(1 for t in trials if t.user_attrs.get("stage") == stage and t.state in states)
 
 
-def next_stage(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds,
-               waiting: int) -> str | None:
+def _geom(lo: float, hi: float, n: int) -> list[float]:
+    if n <= 1 or hi <= lo:
+        return [hi]
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+
+
+def grid_points(b: SpaceBounds, st: StrategyConfig) -> list[dict[str, Any]]:
+    """The grid strategy's sampler parameters, in visiting order (seeded by the grid's size
+    only, so every controller of a study walks the same order). Sized for the trial budget
+    less the baseline."""
+    n = max(1, st.n_trials - 1)
+    n_mns = max(1, round(math.sqrt(n / 1.5)))
+    n_mnbt = max(1, n // n_mns)
+    mml = max(b.max_model_len_candidates)
+    chunked = b.enable_chunked_prefill
+    pts: list[dict[str, Any]] = []
+    seen: set[tuple[int, int]] = set()
+    for mns in sorted({round(x) for x in _geom(b.mns_low, b.mns_high, n_mns)}):
+        lo, hi = mnbt_range(b, mml, mns, chunked)
+        for tok in _geom(b.mnbt_low, b.mnbt_high, n_mnbt):
+            value = min(max(round(tok), lo), hi)
+            if (mns, value) in seen:
+                continue
+            seen.add((mns, value))
+            pts.append(
+                {
+                    "max_model_len": mml,
+                    "gpu_memory_utilization": round(b.util_high, 2),
+                    "max_num_seqs": mns,
+                    MNBT_PARAM: value,
+                    **{name: choices[0] for name, choices in b.extras},
+                }
+            )
+    random.Random(len(pts)).shuffle(pts)
+    return pts
+
+
+def next_stage(
+    trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds, waiting: int
+) -> str | None:
     """The stage of the next trial, or None when the plan is complete. ``n_trials`` is the
     study's whole budget (baseline and enqueued trials included)."""
     if waiting:
         return "enqueued"
     if sum(1 for t in trials if t.state == TrialState.COMPLETE) >= st.n_trials:
         return None
-    if st.name == "joint":
-        return "joint"
-    for p in stage_params(b):
-        choices = _choices(b, p)
-        budget = min(st.trials_per_stage, len(choices)) if choices else st.trials_per_stage
-        if _done(trials, _stage_name(p)) < budget:
-            return _stage_name(p)
-    return "joint" if _done(trials, "joint") < st.joint_refinement else None
+    if st.name in ("joint", "random"):
+        return st.name
+    if st.name == "grid":
+        return "grid" if _done(trials, "grid", running=True) < len(grid_points(b, st)) else None
+    for stage in stage_plan(trials, st, b):
+        if _done(trials, stage.name) < stage.budget:
+            return stage.name
+    return None
 
 
-def planned_total(st: StrategyConfig, b: SpaceBounds, enqueued: int) -> int:
+def planned_total(
+    st: StrategyConfig,
+    b: SpaceBounds,
+    enqueued: int,
+    trials: Sequence[FrozenTrial] = (),
+) -> int:
     """How many trials the plan holds in all (for "trial k of N" displays)."""
-    if st.name == "joint":
+    if st.name in ("joint", "random"):
         return max(st.n_trials, enqueued)
-    stages = 0
-    for p in stage_params(b):
-        choices = _choices(b, p)
-        stages += min(st.trials_per_stage, len(choices)) if choices else st.trials_per_stage
-    return min(st.n_trials, enqueued + stages + st.joint_refinement)
+    if st.name == "grid":
+        return min(st.n_trials, enqueued + len(grid_points(b, st)))
+    stages = sum(s.budget for s in stage_plan(trials, st, b))
+    return min(st.n_trials, enqueued + stages)
 
 
 def best_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
@@ -74,15 +135,7 @@ def best_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
         return max(feasible, key=lambda t: (t.value or 0.0, -t.number))
     if not done:
         return None
-    return min(done, key=lambda t: (sum(max(v, 0.0) for v in t.constraints.values()),
-                                    t.number))
-
-
-def _choices(b: SpaceBounds, param: str) -> tuple[Any, ...] | None:
-    """A categorical parameter's choices (its stage enumerates them instead of sampling)."""
-    if param == "max_model_len":
-        return b.max_model_len_candidates
-    return dict(b.extras).get(param)
+    return min(done, key=lambda t: (sum(max(v, 0.0) for v in t.constraints.values()), t.number))
 
 
 def _clip(b: SpaceBounds, name: str, value: Any) -> Any:
@@ -93,35 +146,114 @@ def _clip(b: SpaceBounds, name: str, value: Any) -> Any:
     if name == "max_num_seqs":
         return min(max(int(value), b.mns_low), b.mns_high)
     if name == MNBT_PARAM:
-        return min(max(float(value), 0.0), 1.0)
+        return min(max(int(value), b.mnbt_low), b.mnbt_high)
     return value
 
 
 def fixed_point(trials: Sequence[FrozenTrial], b: SpaceBounds, free: str) -> dict[str, Any]:
-    """Every parameter except ``free``, at the best point so far, clipped into the ranges
-    (the baseline may lie outside them: the stages start from the best in-range point)."""
+    """Every parameter except ``free``, at the best point's ENGINE values (a suggestion of
+    ``max_num_batched_tokens`` below its valid minimum ran at the minimum: that is the value
+    to hold), clipped into the ranges (the baseline may lie outside them: the stages start
+    from the best in-range point)."""
     best = best_trial(trials)
     if best is None:
         return {}
-    return {k: _clip(b, k, v) for k, v in best.params.items()
-            if k in stage_params(b) and k != free}
+    names = stage_params(b)
+    return {k: _clip(b, k, _engine(best, k)) for k in best.params if k in names and k != free}
 
 
-def sampler_for(stage: str, trials: Sequence[FrozenTrial], b: SpaceBounds,
-                seed: int) -> optuna.samplers.BaseSampler:
-    tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True,
-                                     n_startup_trials=min(10, max(2, len(trials) // 2)))
+def sampler_for(
+    stage: str,
+    trials: Sequence[FrozenTrial],
+    b: SpaceBounds,
+    seed: int,
+    st: StrategyConfig | None = None,
+) -> optuna.samplers.BaseSampler:
+    if stage == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if stage == "grid":
+        assert st is not None, "the grid needs the strategy config"
+        n_tried = _done(trials, "grid", running=True)
+        pts = grid_points(b, st)
+        return optuna.samplers.PartialFixedSampler(
+            pts[min(n_tried, len(pts) - 1)], optuna.samplers.RandomSampler(seed=seed)
+        )
+    tpe = optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, n_startup_trials=min(10, max(2, len(trials) // 2))
+    )
     if stage in ("joint", "enqueued"):
         return tpe
-    free = MNBT_PARAM if stage == "max_num_batched_tokens" else stage
+    free, k = stage_param(stage)
     fixed = fixed_point(trials, b, free)
-    choices = _choices(b, free)
+    choices = choices_of(b, free)
     if choices is not None:
         # A categorical stage tries each choice once, in order,
         # instead of letting TPE draw the same few values again.
         tried = {t.params.get(free) for t in trials if t.user_attrs.get("stage") == stage}
+        base = baseline_trial(trials)
+        if free == "max_model_len" and base is not None:
+            tried.add(base.params.get(free))  # measured already: the stage tries the others
         untried = [c for c in choices if c not in tried]
         if untried:
             fixed[free] = untried[0]
             return optuna.samplers.PartialFixedSampler(fixed, tpe)
+    elif fixed and st is not None:
+        value = _line_value(trials, b, st, stage, free, fixed, k)
+        if value is not None:
+            fixed[free] = value
     return optuna.samplers.PartialFixedSampler(fixed, tpe) if fixed else tpe
+
+
+def _engine(t: FrozenTrial, name: str) -> Any:
+    return t.user_attrs.get(f"{ENGINE_PREFIX}{name}", t.params.get(name))
+
+
+def _line_value(
+    trials: Sequence[FrozenTrial],
+    b: SpaceBounds,
+    st: StrategyConfig,
+    stage: str,
+    free: str,
+    fixed: dict[str, Any],
+    k: int = 1,
+) -> float | None:
+    """A numeric stage's next value by line search (:mod:`autotune.tuning.linesearch`) over
+    the trials that lie on the stage's line: every other parameter at the fixed values. Pass
+    ``k`` >= 2 (a coordinate pass, docs/tuning.md#8-the-staged-plan) searches half to twice
+    the best point's value."""
+    if free == "gpu_memory_utilization":
+        lo, hi, log, step = b.util_low, b.util_high, False, 0.01
+    elif free == "max_num_seqs":
+        lo, hi, log, step = b.mns_low, b.mns_high, True, 1.0
+    elif free == MNBT_PARAM:
+        mml, mns = int(fixed["max_model_len"]), int(fixed["max_num_seqs"])
+        lo, hi = mnbt_range(b, mml, mns, b.enable_chunked_prefill)
+        log, step = True, 1.0
+    else:
+        return None
+    best = best_trial(trials)
+    if k >= 2 and best is not None:
+        x = float(_clip(b, free, _engine(best, free)))
+        lo, hi = max(lo, x / 2.0), min(hi, x * 2.0)
+        if step >= 1:
+            lo, hi = float(math.ceil(lo)), float(math.floor(hi))
+    points: list[tuple[float, float | None]] = []
+    for t in trials:
+        if t.state not in (TrialState.COMPLETE, TrialState.RUNNING) or free not in t.params:
+            continue
+        if any(_clip(b, n, _engine(t, n)) != v for n, v in fixed.items()):
+            continue
+        if not lo <= float(_engine(t, free)) <= hi:
+            continue  # off this pass's range
+        score: float | None = None
+        if t.state == TrialState.COMPLETE and t.value is not None:
+            feasible = all(v <= 0 for v in t.constraints.values())
+            score = float(t.value) if feasible else -1.0
+        points.append((float(_engine(t, free)), score))
+    budget = next((s.budget for s in stage_plan(trials, st, b) if s.name == stage), 0)
+    value = next_on_line(
+        points, lo, hi, log=log, step=step, n_coarse=2 if k >= 2 else max(2, budget // 2 + 1)
+    )
+    if value is None:
+        return None
+    return round(value, 2) if step < 1 else int(value)

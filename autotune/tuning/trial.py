@@ -4,6 +4,7 @@ class). Worker failures are COMPLETE trials with objective 0 and positive violat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,23 +12,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 from autotune.config import StudyConfig
-from autotune.errors import WorkerStartupError
+from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureClass
 from autotune.store import LevelRecord, Store, TrialRecord
-from autotune.tuning.runners import LevelOutcome, Runner
+from autotune.tuning.capacity import CapacitySearch, Lattice
+from autotune.tuning.runners import LevelOutcome, Runner, only_overlength
 from autotune.tuning.scoring import (
     CONSTRAINT_NAMES,
     LevelScore,
     Slo,
     TrialScore,
     failed_trial_score,
-    next_scale,
     score_level,
     score_trial,
 )
 from autotune.workload.core import Workload
 
-__all__ = ["Event", "TrialOutcome", "TrialSetup", "run_trial"]
+__all__ = ["Event", "TrialOutcome", "TrialSetup", "lattice_of", "level_record", "run_trial"]
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,12 @@ class TrialSetup:
     store: Store
     study_name: str
     on_event: Event | None = None
-    # slo-capacity: the first load scale to try. The controller passes the best capacity
-    # found so far, so the bracket's bisection resolves differences around the current best
-    # instead of spending levels far away from it.
-    start_scale: float = 1.0
+    # slo-capacity: a lattice point to start the search from. None (what studies use): the
+    # canonical search from the lattice's ends, the same for every trial
+    # (docs/tuning.md#1-the-capacity-lattice).
+    capacity_hint: float | None = None
+    # the CUDA_VISIBLE_DEVICES its worker gets, stored on the trial (docs/parallel.md)
+    devices: str | None = None
 
     @property
     def slo(self) -> Slo:
@@ -59,98 +62,221 @@ class TrialOutcome:
     failure_class: str | None
 
 
-def _level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
-    m = out.metrics
-    total = int(m.get("completed", 0)) + int(m.get("failed", 0))
-    return LevelRecord(
-        level_index=i, scale=out.scale, offered_rate=out.offered_rate,
-        achieved_rate=float(m.get("request_throughput") or 0.0),
-        completed=int(m.get("completed", 0)), failed=int(m.get("failed", 0)),
-        over_length=int(m.get("over_length_rejections", 0)),
-        error_rate=(int(m.get("failed", 0)) / total) if total else 0.0,
-        p99_ttft_ms=m.get("p99_ttft_ms"), p99_tpot_ms=m.get("p99_tpot_ms"),
-        p99_itl_ms=m.get("p99_itl_ms"),
-        output_throughput=float(m.get("output_throughput") or 0.0),
-        request_throughput=float(m.get("request_throughput") or 0.0),
-        goodput=m.get("request_goodput"), feasible=ls.feasible, metrics=dict(m),
-        telemetry=out.extra.get("telemetry"), diagnosis=out.extra.get("diagnosis"))
-
-
-def _scales(cfg: StudyConfig, history: list[tuple[float, bool]],
-            start: float) -> float | None:
-    if cfg.mode != "slo-capacity":
-        return None if history else 1.0
+def lattice_of(cfg: StudyConfig) -> Lattice:
     st = cfg.strategy
-    return next_scale(history, low=st.capacity_low, high=st.capacity_high,
-                      budget=st.capacity_levels, start=start)
+    return Lattice(st.capacity_low, st.capacity_high, st.capacity_resolution)
 
 
-async def run_trial(setup: TrialSetup, *, number: int, stage: str, params: Mapping[str, Any],
-                    engine_args: Mapping[str, Any]) -> TrialOutcome:
+def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
+    """The stored form of one level: the typed metrics' fields as columns, the violations in
+    words, the full summary as JSON."""
+    m = out.metrics
+    return LevelRecord(
+        level_index=i,
+        scale=out.scale,
+        offered_rate=out.offered_rate,
+        achieved_rate=m.request_throughput,
+        completed=m.completed,
+        failed=m.failed,
+        over_length=m.over_length,
+        truncated=m.truncated,
+        error_rate=m.error_rate,
+        overlength_rate=m.overlength_rate,
+        p99_ttft_ms=m.p99_ttft_ms,
+        p99_tpot_ms=m.p99_tpot_ms,
+        p99_itl_ms=m.p99_itl_ms,
+        output_throughput=m.output_throughput,
+        request_throughput=m.request_throughput,
+        goodput=m.goodput,
+        feasible=ls.feasible,
+        violations=[v.to_dict() for v in ls.broken],
+        metrics=m.to_dict(),
+        telemetry=out.extra.get("telemetry"),
+        diagnosis=out.extra.get("diagnosis"),
+    )
+
+
+async def _replay(
+    setup: TrialSetup, rec: TrialRecord, number: int, levels: list[LevelScore]
+) -> tuple[CapacitySearch | None, str | None]:
+    """Replay the load levels the mode asks for on the started worker, storing each one
+    (appended to ``levels`` and ``rec.levels``). slo-capacity: the lattice search; other
+    modes: one level at 1.0x. Returns the search and the failure class if the worker died."""
+    cfg, runner, store = setup.cfg, setup.runner, setup.store
+    emit = setup.on_event or (lambda _k, _d: None)
+    assert rec.id is not None
+    lattice = lattice_of(cfg)
+    search = (
+        CapacitySearch(lattice, cfg.strategy.capacity_levels, setup.capacity_hint)
+        if cfg.mode == "slo-capacity"
+        else None
+    )
+    while True:
+        k: int | None = None
+        if search is None:
+            if levels:
+                break
+            scale = 1.0
+        else:
+            k = search.next_index()
+            if k is None:
+                break
+            scale = lattice.scale(k)
+        emit("level_start", {"number": number, "scale": scale})
+
+        def live(p: Any, n: int = number, sc: float = scale) -> None:
+            emit(
+                "level_progress",
+                {
+                    "number": n,
+                    "scale": sc,
+                    "sent": p.sent,
+                    "planned": p.planned,
+                    "completed": p.completed,
+                    "failed": p.failed,
+                    "p99_ttft_ms": p.p99_ttft_ms,
+                },
+            )
+
+        out = await runner.run_level(setup.workload, scale, progress=live)
+        ls = score_level(
+            out.metrics,
+            setup.slo,
+            scale,
+            latency_slos=cfg.mode != "offline",
+            preemption_constraint=cfg.telemetry.preemption_constraint,
+        )
+        dead = runner.failure()
+        if dead is not None:  # the worker died under load (OOM, engine crash)
+            failure = str(dead.failure_class)
+            # keep what the level measured before the death, flagged partial (never
+            # feasible), with the cause, exit code or signal and log context
+            lvl = level_record(len(levels), out, ls)
+            lvl.feasible = False
+            lvl.id = store.add_level(rec.id, lvl)
+            rec.levels.append(lvl)
+            death = out.extra.get("worker_death") or {}
+            head = f"worker died: {dead.line}"[:2000]
+            context = str(death.get("log_context") or "")
+            tail = f"{head}\n{context[-(7999 - len(head)) :]}"
+            store.update_trial(rec.id, failure_class=failure, log_tail=tail)
+            rec.log_tail = tail
+            emit(
+                "worker_died",
+                {"number": number, "scale": scale, "failure_class": failure, "message": dead.line},
+            )
+            return search, failure
+        lvl = level_record(len(levels), out, ls)
+        lvl.id = store.add_level(rec.id, lvl)
+        rec.levels.append(lvl)
+        levels.append(ls)
+        emit(
+            "level_done",
+            {
+                "number": number,
+                "scale": scale,
+                "offered_rate": out.offered_rate,
+                "feasible": ls.feasible,
+                "metrics": out.metrics,
+                "violations": ls.texts,
+            },
+        )
+        if search is not None and k is not None:
+            search.record(k, ls.feasible)
+            if only_overlength(ls):
+                search.stop()  # requests longer than max_model_len: no load helps
+    return search, None
+
+
+async def run_trial(
+    setup: TrialSetup,
+    *,
+    number: int,
+    stage: str,
+    params: Mapping[str, Any],
+    engine_args: Mapping[str, Any],
+    position: tuple[int, int] | None = None,
+) -> TrialOutcome:
     """Run one configuration end to end. Never raises for a worker failure; re-raises
     cancellation after stopping the worker and marking the stored trial FAIL."""
     cfg, runner, store = setup.cfg, setup.runner, setup.store
     emit = setup.on_event or (lambda _k, _d: None)
     rec = TrialRecord(
-        study_name=setup.study_name, optuna_trial_number=number, stage=stage, state="RUNNING",
-        params=dict(params), engine_args=dict(engine_args), launch_command=None,
-        launch_argv=None, worker_kind=runner.kind, started_at=datetime.now(UTC))
+        study_name=setup.study_name,
+        optuna_trial_number=number,
+        stage=stage,
+        state="RUNNING",
+        params=dict(params),
+        engine_args=dict(engine_args),
+        launch_command=None,
+        launch_argv=None,
+        worker_kind=runner.kind,
+        started_at=datetime.now(UTC),
+        devices=setup.devices,
+    )
     rec.id = store.add_trial(rec)
-    emit("trial_start", {"number": number, "stage": stage, "engine_args": dict(engine_args)})
+    emit(
+        "trial_start",
+        {
+            "number": number,
+            "stage": stage,
+            "engine_args": dict(engine_args),
+            # (k, n): the k-th complete trial of the n the plan holds
+            "position": position,
+        },
+    )
     failure: str | None = None
     levels: list[LevelScore] = []
+    search: CapacitySearch | None = None
     try:
         try:
             info = await runner.start(engine_args, f"trial-{number:04d}")
         except WorkerStartupError as exc:
             failure = str(exc.failure_class)
             tail = getattr(exc, "log_tail", None) or str(exc)
-            store.update_trial(rec.id, failure_class=failure, log_tail=tail[-8000:])
+            # what start-up established before the failure (/health answered, then the
+            # smoke request failed): startup time and KV capacity
+            known = {
+                k: getattr(exc, k)
+                for k in ("startup_s", "kv_cache_tokens", "max_concurrency")
+                if getattr(exc, k, None) is not None
+            }
+            store.update_trial(rec.id, failure_class=failure, log_tail=tail[-8000:], **known)
             rec.failure_class, rec.log_tail = failure, tail[-8000:]
-            emit("worker_failed", {"number": number, "failure_class": failure,
-                                   "message": str(exc).splitlines()[0][:300]})
+            for k, v in known.items():
+                setattr(rec, k, v)
+            emit(
+                "worker_failed",
+                {
+                    "number": number,
+                    "failure_class": failure,
+                    "message": str(exc).splitlines()[0][:300],
+                },
+            )
         else:
             rec.launch_command, rec.launch_argv = info.command, list(info.argv)
             rec.startup_s, rec.kv_cache_tokens = info.startup_s, info.kv_cache_tokens
             rec.max_concurrency = info.max_concurrency
-            store.update_trial(rec.id, launch_command=info.command, launch_argv=list(info.argv),
-                               startup_s=info.startup_s, kv_cache_tokens=info.kv_cache_tokens,
-                               max_concurrency=info.max_concurrency)
-            history: list[tuple[float, bool]] = []
-            while (scale := _scales(cfg, history, setup.start_scale)) is not None:
-                emit("level_start", {"number": number, "scale": scale})
-                def live(p: Any, n: int = number, sc: float = scale) -> None:
-                    emit("level_progress", {"number": n, "scale": sc, "sent": p.sent,
-                                            "planned": p.planned, "completed": p.completed,
-                                            "failed": p.failed, "p99_ttft_ms": p.p99_ttft_ms})
-
-                out = await runner.run_level(setup.workload, scale, progress=live)
-                ls = score_level(out.metrics, setup.slo, scale,
-                                 latency_slos=cfg.mode != "offline",
-                                 preemption_constraint=cfg.telemetry.preemption_constraint)
-                dead = runner.failure()
-                if dead is not None:  # the worker died under load (OOM, engine crash)
-                    failure = str(dead.failure_class)
-                    store.update_trial(rec.id, failure_class=failure, log_tail=dead.line)
-                    break
-                lvl = _level_record(len(history), out, ls)
-                lvl.id = store.add_level(rec.id, lvl)
-                rec.levels.append(lvl)
-                levels.append(ls)
-                history.append((scale, ls.feasible))
-                emit("level_done", {"number": number, "scale": scale, "feasible": ls.feasible,
-                                    "metrics": out.metrics})
-                others = [v for k, v in ls.violations.items() if k != "overlength_rate"]
-                if ls.violations["overlength_rate"] > 0 and all(v <= 0 for v in others):
-                    break  # requests longer than max_model_len: no other load level helps
+            store.update_trial(
+                rec.id,
+                launch_command=info.command,
+                launch_argv=list(info.argv),
+                startup_s=info.startup_s,
+                kv_cache_tokens=info.kv_cache_tokens,
+                max_concurrency=info.max_concurrency,
+            )
+            search, failure = await _replay(setup, rec, number, levels)
     except BaseException:
-        store.update_trial(rec.id, state="FAIL", finished_at=datetime.now(UTC))
+        # when the database is what failed, the error that says so is the one to keep: the
+        # row is reconciled by the next start (docs/faults.md#4-database-outages)
+        with contextlib.suppress(ServiceError):
+            store.update_trial(rec.id, state="FAIL", finished_at=datetime.now(UTC))
         raise
     finally:
         await runner.stop()
-    names = [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint
-                                   else [])]
-    score = failed_trial_score(names) if failure is not None else score_trial(levels)
+    names = [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint else [])]
+    capacity = search.result() if failure is None and search is not None else None
+    score = failed_trial_score(names) if failure is not None else score_trial(levels, capacity)
     if failure is None and not levels:
         failure = str(FailureClass.UNKNOWN)
     rec.state, rec.objective = "COMPLETE", score.objective
@@ -162,12 +288,30 @@ async def run_trial(setup: TrialSetup, *, number: int, stage: str, params: Mappi
     top = rec.headline_level()
     if top is not None:
         rec.diagnosis = top.diagnosis
-    store.update_trial(rec.id, state="COMPLETE", objective=score.objective,
-                       constraints=rec.constraints, feasible=score.feasible,
-                       capacity_scale=score.capacity_scale, failure_class=failure,
-                       diagnosis=rec.diagnosis, finished_at=rec.finished_at)
-    emit("trial_done", {"number": number, "stage": stage, "objective": score.objective,
-                        "feasible": score.feasible, "failure_class": failure,
-                        "capacity_scale": score.capacity_scale,
-                        "constraints": score.constraints})
+    store.update_trial(
+        rec.id,
+        state="COMPLETE",
+        objective=score.objective,
+        constraints=rec.constraints,
+        feasible=score.feasible,
+        capacity_scale=score.capacity_scale,
+        failure_class=failure,
+        diagnosis=rec.diagnosis,
+        finished_at=rec.finished_at,
+    )
+    emit(
+        "trial_done",
+        {
+            "number": number,
+            "stage": stage,
+            "objective": score.objective,
+            "feasible": score.feasible,
+            "failure_class": failure,
+            "capacity_scale": score.capacity_scale,
+            "capacity_status": capacity.status if capacity is not None else None,
+            "constraints": score.constraints,
+            "mode": cfg.mode,
+            "record": rec,
+        },
+    )
     return TrialOutcome(score, rec, failure)

@@ -1,9 +1,10 @@
 """Reading what a worker reports: startup facts (KV capacity), failure classification.
 
 Kept apart from the process code so the supervisor (which classifies a crash) and the vLLM
-worker (which also reads KV capacity) share one implementation. Patterns follow ``vllm.md``
-§7: GPU vLLM prints ``GPU KV cache size: N tokens`` and ``Maximum concurrency for L tokens
-per request: Xx`` on two lines; the CPU backend of 0.32 prints both on one ``CPU ...`` line.
+worker (which also reads KV capacity) share one implementation. Patterns follow
+docs/vllm.md#7-log-lines: GPU vLLM prints ``GPU KV cache size: N tokens`` and ``Maximum
+concurrency for L tokens per request: Xx`` on two lines; the CPU backend of 0.32 prints both
+on one ``CPU ...`` line.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 # "pydantic_core._pydantic_core.ValidationError: ..."), argparse's "prog: error: ...".
 # Case-sensitive on purpose: vLLM's WARNING lines often contain the word "error".
 _ERRORISH_RE = re.compile(
-    r"\b(?:ERROR|CRITICAL|FATAL)\b|^\s*[\w.]*(?:Error|Exception)\b:|(?:^|: )error: ")
+    r"\b(?:ERROR|CRITICAL|FATAL)\b|^\s*[\w.]*(?:Error|Exception)\b:|(?:^|: )error: "
+)
 # "Traceback (most recent call last):" says nothing about the cause.
 _NOISE = ("Traceback (most recent call last)",)
 
@@ -67,14 +69,16 @@ def parse_startup_facts(lines: Iterable[str]) -> StartupFacts:
     return StartupFacts(kv_cache_tokens=kv, max_concurrency=conc, max_model_len=mml)
 
 
-def last_error_line(lines: Sequence[str]) -> str:
-    """The last error-looking line, else the last non-blank line, else ``""``."""
+def last_error_line(lines: Sequence[str], *, any_line: bool = True) -> str:
+    """The last error-looking line, else (with ``any_line``) the last non-blank line, else
+    ``""``."""
     for line in reversed(lines):
         if _ERRORISH_RE.search(line) and not any(n in line for n in _NOISE):
             return line.strip()
-    for line in reversed(lines):
-        if line.strip():
-            return line.strip()
+    if any_line:
+        for line in reversed(lines):
+            if line.strip():
+                return line.strip()
     return ""
 
 
@@ -88,15 +92,13 @@ def classify_worker_log(lines: Iterable[str]) -> FailureMatch:
     return FailureMatch(FailureClass.UNKNOWN, last_error_line(text))
 
 
-def log_tail(lines: Sequence[str], n: int = DEFAULT_TAIL_LINES,
-             cause: str | None = None) -> str:
+def log_tail(lines: Sequence[str], n: int = DEFAULT_TAIL_LINES, cause: str | None = None) -> str:
     """The last ``n`` lines joined, led by the classified root-cause line when it is older
     than that: real vLLM 0.32 prints a KV failure's cause 62-94 lines from the end of the log
     (above the EngineCore and API-server tracebacks), so a plain tail would lose it."""
     tail = list(lines[-n:])
     if cause and not any(cause in line for line in tail):
-        tail = [cause, f"... ({len(lines) - len(tail) - 1} more lines; see the worker log)",
-                *tail]
+        tail = [cause, f"... ({len(lines) - len(tail) - 1} more lines; see the worker log)", *tail]
     return "\n".join(tail)
 
 

@@ -8,10 +8,11 @@ classification run against the simulated server, so everything but the GPU is ex
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.workers.guard import GroupRegistry
 from autotune.workers.vllm import VllmWorker
 
 __all__ = ["SimWorker", "sim_executable"]
@@ -27,24 +28,50 @@ class SimWorker(VllmWorker):
     """Simulated vLLM on profile ``hardware``; ``time_scale`` > 1 runs faster than real time.
 
     The simulator's own flags (``--hardware``, ``--time-scale``, ``--sim-seed``,
-    ``--sim-startup-delay``) travel as static args, after any the caller gives.
+    ``--sim-startup-delay``) travel as static args, after any the caller gives. ``gpus``
+    becomes the server's ``CUDA_VISIBLE_DEVICES`` as for real vLLM: the simulation ignores
+    it, but what each worker was given can be checked (``--sim-dump-env``).
     """
 
-    def __init__(self, *, model: str, hardware: str, workdir: Path, time_scale: float = 1.0,
-                 sim_seed: int = 0, sim_startup_delay: float = 0.0,
-                 served_model_name: str | None = None,
-                 static_args: Mapping[str, Any] | None = None,
-                 env: Mapping[str, str] | None = None, host: str = "127.0.0.1",
-                 startup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        hardware: str,
+        workdir: Path,
+        time_scale: float = 1.0,
+        sim_seed: int = 0,
+        sim_startup_delay: float = 0.0,
+        served_model_name: str | None = None,
+        static_args: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 60.0,
+        env_passthrough: Sequence[str] = (),
+        registry: GroupRegistry | None = None,
+        gpus: str | None = None,
+    ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
-        sim_flags = {"hardware": hardware, "time_scale": time_scale, "sim_seed": sim_seed,
-                     "sim_startup_delay": sim_startup_delay}
-        super().__init__(executable=sim_executable(), model=model,
-                         served_model_name=served_model_name,
-                         static_args={**(static_args or {}), **sim_flags}, env=env or {},
-                         gpus=None, host=host, startup_timeout_s=startup_timeout_s,
-                         workdir=workdir)
+        sim_flags = {
+            "hardware": hardware,
+            "time_scale": time_scale,
+            "sim_seed": sim_seed,
+            "sim_startup_delay": sim_startup_delay,
+        }
+        super().__init__(
+            executable=sim_executable(),
+            model=model,
+            served_model_name=served_model_name,
+            static_args={**(static_args or {}), **sim_flags},
+            env=env or {},
+            gpus=gpus,
+            host=host,
+            startup_timeout_s=startup_timeout_s,
+            workdir=workdir,
+            env_passthrough=env_passthrough,
+            registry=registry,
+        )
         self.hardware = hardware
         self._time_scale = time_scale
 

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,17 @@ import aiohttp
 
 from autotune.errors import AutotuneError, ConfigError, WorkerStartupError
 from autotune.failures import FailureClass, FailureMatch
+from autotune.redact import mask_argv
+from autotune.workers.guard import (
+    GroupRecord,
+    GroupRegistry,
+    boot_id,
+    guarded_argv,
+    host_name,
+    proc_start_ticks,
+)
 from autotune.workers.logs import classify_worker_log, log_tail
+from autotune.workers.watch import DeathWatch, ProcInfo, snapshot_group
 
 __all__ = ["ProcessSupervisor", "WorkerLaunchError"]
 
@@ -50,6 +61,11 @@ class WorkerLaunchError(WorkerStartupError):
 
     log_tail: str = ""
     elapsed_s: float = 0.0
+    # set when /health had answered before the failure (a failed smoke request): the trial
+    # stores what the start-up already established
+    startup_s: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
     estimated_max_model_len: int | None = None
     returncode: int | None = None
     log_path: Path | None = None
@@ -89,7 +105,7 @@ def _group_members(pgid: int) -> list[tuple[int, str, int]] | None:
         except OSError:
             continue  # exited while we looked
         # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        fields = data[data.rindex(")") + 2:].split()
+        fields = data[data.rindex(")") + 2 :].split()
         if len(fields) >= 3 and int(fields[2]) == pgid:
             members.append((int(name), fields[0], int(fields[1])))
     return members
@@ -99,12 +115,26 @@ class ProcessSupervisor:
     """Launch ``argv`` in its own process group, wait for ``/health``, kill the group.
 
     One-shot: ``start`` once, ``stop`` any number of times. Output (stdout and stderr) goes
-    to ``log_path``, which is truncated at launch.
+    to ``log_path``, which is truncated at launch. The process is launched through the
+    death-signal wrapper and, with a ``registry``, reported right after launch and once
+    its group is gone (:mod:`autotune.workers.guard`); ``tmpdir`` and ``trial_name`` are
+    recorded with it.
     """
 
-    def __init__(self, argv: list[str], *, env: Mapping[str, str] | None, log_path: Path,
-                 health_url: str, startup_timeout_s: float, grace_s: float = 10.0,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None,
+        log_path: Path,
+        health_url: str,
+        startup_timeout_s: float,
+        grace_s: float = 10.0,
+        cwd: Path | None = None,
+        registry: GroupRegistry | None = None,
+        trial_name: str = "",
+        tmpdir: Path | None = None,
+    ) -> None:
         if not argv:
             raise ValueError("argv must not be empty")
         self.argv = list(argv)
@@ -114,11 +144,17 @@ class ProcessSupervisor:
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.cwd = cwd
+        self.registry = registry
+        self.trial_name = trial_name
+        self.tmpdir = tmpdir
+        self._group: GroupRecord | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._started_at = 0.0
         self._stopped = False
         self._died_before_stop = False
         self._lock = asyncio.Lock()
+        # the group's members when /health first answered 200 (see autotune.workers.watch)
+        self.members_at_ready: dict[int, ProcInfo] = {}
 
     # -- state ---------------------------------------------------------------------------
 
@@ -151,6 +187,18 @@ class ProcessSupervisor:
         when its engine dies, and ``stop`` deals with any that remain."""
         return self._proc is not None and self._proc.poll() is None
 
+    def watch(self) -> DeathWatch:
+        """A :class:`~autotune.workers.watch.DeathWatch` of this started server (run its
+        ``run()`` as a task while the server is in use, cancel it before :meth:`stop`)."""
+        if self._proc is None:
+            raise RuntimeError("start() first")
+        return DeathWatch(
+            self._proc,
+            self.members_at_ready,
+            health_url=self.health_url,
+            log_path=self.log_path,
+        )
+
     def log_lines(self) -> list[str]:
         try:
             return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -169,22 +217,56 @@ class ProcessSupervisor:
         if self._proc is not None:
             raise RuntimeError("ProcessSupervisor is one-shot: start() was already called")
         _become_subreaper()
+        self._check_executable()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as out:
             # The child holds its own copy of the descriptor, so ours can close at once.
             try:
                 self._proc = subprocess.Popen(
-                    self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                    guarded_argv(self.argv),
+                    env=self.env,
+                    cwd=self.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             except OSError as exc:  # no such executable: a set-up error, not a trial's
                 raise ConfigError(f"cannot launch {self.argv[0]!r}: {exc}") from exc
         self._started_at = time.monotonic()
-        log.debug("started pid %d: %s", self._proc.pid, self.argv)
+        log.debug("started pid %d: %s", self._proc.pid, mask_argv(self.argv))
         try:
+            self._register()
             return await self._wait_ready(self._started_at + self.startup_timeout_s)
         except BaseException:
             await self.stop()  # also on cancellation: never leave a half-started server
             raise
+
+    def _check_executable(self) -> None:
+        """A program that cannot be found is a set-up error, not a trial's (the wrapper
+        would only report it as an exit code)."""
+        prog = self.argv[0]
+        path = (self.env or os.environ).get("PATH", os.defpath)
+        found = (
+            os.access(prog, os.X_OK) and os.path.isfile(prog)
+            if os.sep in prog
+            else shutil.which(prog, path=path) is not None
+        )
+        if not found:
+            raise ConfigError(f"cannot launch {prog!r}: no such executable")
+
+    def _register(self) -> None:
+        assert self._proc is not None
+        self._group = GroupRecord(
+            trial_name=self.trial_name,
+            pgid=self._proc.pid,
+            proc_start=proc_start_ticks(self._proc.pid),
+            boot_id=boot_id(),
+            host=host_name(),
+            tmpdir=str(self.tmpdir) if self.tmpdir is not None else None,
+        )
+        if self.registry is not None:
+            self.registry.spawned(self._group)
 
     async def _wait_ready(self, deadline: float) -> float:
         proc = self._proc
@@ -201,6 +283,8 @@ class ProcessSupervisor:
                     # A 200 from someone else's server on our port would look like success;
                     # ours would die on the bind, so insist that it still runs.
                     if proc.poll() is None:
+                        # who is in the group now: any of them exiting later is a death
+                        self.members_at_ready = snapshot_group(proc.pid)
                         return time.monotonic() - self._started_at
                     continue
                 await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
@@ -208,8 +292,9 @@ class ProcessSupervisor:
 
     async def _probe(self, session: aiohttp.ClientSession, timeout_s: float) -> bool:
         try:
-            async with session.get(self.health_url,
-                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with session.get(
+                self.health_url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
@@ -222,8 +307,10 @@ class ProcessSupervisor:
         lines = self.log_lines()
         match = classify_worker_log(lines)
         if forced is FailureClass.STARTUP_TIMEOUT:
-            message = (f"no 200 from {self.health_url} within {self.startup_timeout_s:g} s; "
-                       f"process group killed")
+            message = (
+                f"no 200 from {self.health_url} within {self.startup_timeout_s:g} s; "
+                f"process group killed"
+            )
             match = FailureMatch(forced, match.line, match.estimated_max_model_len)
         else:
             message = f"worker exited with code {rc} after {elapsed:.1f} s"
@@ -256,15 +343,24 @@ class ProcessSupervisor:
             if not self._group_gone(pgid):
                 self._signal(pgid, signal.SIGTERM)
                 if not await self._wait_gone(pgid, self.grace_s):
-                    log.warning("process group %d ignored SIGTERM for %g s; sending SIGKILL",
-                                pgid, self.grace_s)
+                    log.warning(
+                        "process group %d ignored SIGTERM for %g s; sending SIGKILL",
+                        pgid,
+                        self.grace_s,
+                    )
                     self._signal(pgid, signal.SIGKILL)
                     if not await self._wait_gone(pgid, _KILL_WAIT_S):
                         raise AutotuneError(
                             f"process group {pgid} still has members {_KILL_WAIT_S:g} s after "
-                            f"SIGKILL: {_group_members(pgid)}")
+                            f"SIGKILL: {_group_members(pgid)}"
+                        )
             proc.wait()  # already exited; reaps it if _group_gone has not
             self._stopped = True
+            if self.registry is not None and self._group is not None:
+                try:
+                    self.registry.gone(self._group)
+                except Exception:  # the group is gone: a failed record must not hide that
+                    log.exception("recording that worker group %d is gone failed", pgid)
 
     @staticmethod
     def _signal(pgid: int, sig: signal.Signals) -> None:
@@ -294,8 +390,9 @@ class ProcessSupervisor:
         # Zombies whose parent is not us (no subreaper here) and does not reap them, as PID 1
         # in many containers, are dead already: nothing is left that holds memory or a
         # port. Our own zombies are reaped on the next pass.
-        return members is not None and all(state == "Z" and ppid != me
-                                           for _, state, ppid in members)
+        return members is not None and all(
+            state == "Z" and ppid != me for _, state, ppid in members
+        )
 
     def _reap_orphans(self, pgid: int) -> None:
         """Reap zombies of the group that were re-parented to us (see _become_subreaper).

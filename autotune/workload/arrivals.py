@@ -1,7 +1,8 @@
 """Arrival processes: pure functions returning send times (seconds from the start).
 
-They follow ``vllm bench serve`` (``serve.py::get_request``, loadgen.md §3.1) so a schedule
-here and one from vLLM offer the same load:
+They follow ``vllm bench serve`` (``serve.py::get_request``,
+docs/loadgen.md#21-arrivals-as-vllm-bench-serve-makes-them) so a schedule here and one from
+vLLM offer the same load:
 
 - gaps are gamma(shape=b, scale=1/(rate*b)): mean 1/rate, CV 1/sqrt(b); b = 1 is Poisson,
   b = inf is constant;
@@ -62,8 +63,9 @@ def all_at_once(n: int) -> FloatArray:
     return np.zeros(n)
 
 
-def gamma(n: int, rate: float, burstiness: float = 1.0, seed: int = 0, *,
-          rescale: bool = True) -> FloatArray:
+def gamma(
+    n: int, rate: float, burstiness: float = 1.0, seed: int = 0, *, rescale: bool = True
+) -> FloatArray:
     """Gamma-gap arrivals at ``rate`` req/s (vLLM ``--request-rate`` and ``--burstiness``).
 
     ``burstiness`` < 1 is burstier than Poisson, > 1 smoother, ``math.inf`` constant.
@@ -90,8 +92,15 @@ def constant(n: int, rate: float) -> FloatArray:
     return np.arange(1, n + 1, dtype=np.float64) / rate
 
 
-def ramp(n: int, start_rate: float, end_rate: float, *, burstiness: float = 1.0, seed: int = 0,
-         strategy: Literal["linear", "exponential"] = "linear") -> FloatArray:
+def ramp(
+    n: int,
+    start_rate: float,
+    end_rate: float,
+    *,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    strategy: Literal["linear", "exponential"] = "linear",
+) -> FloatArray:
     """A rate ramp (vLLM ``--ramp-up-strategy``): request ``i`` is drawn at the rate
     ``start + (end - start) * i/(n-1)`` (linear) or ``start * (end/start) ** (i/(n-1))``
     (exponential). Not rescaled, as in vLLM. Default burstiness 1 is vLLM's; pass
@@ -107,13 +116,15 @@ def ramp(n: int, start_rate: float, end_rate: float, *, burstiness: float = 1.0,
     elif strategy == "exponential":
         rates = start_rate * (end_rate / start_rate) ** progress
     else:
-        raise ConfigError(f"arrivals: unknown ramp strategy {strategy!r} "
-                          "(expected 'linear' or 'exponential')")
+        raise ConfigError(
+            f"arrivals: unknown ramp strategy {strategy!r} (expected 'linear' or 'exponential')"
+        )
     return np.cumsum(_gaps(rates, burstiness, seed))
 
 
-def scale_trace(times: Iterable[float], *, time_scale: float = 1.0,
-                rate_scale: float = 1.0) -> FloatArray:
+def scale_trace(
+    times: Iterable[float], *, time_scale: float = 1.0, rate_scale: float = 1.0
+) -> FloatArray:
     """Trace timestamps (s) made relative to the first and stretched.
 
     ``time_scale`` multiplies gaps (GuideLLM's replay ``time_scale``: 2.0 doubles them);

@@ -47,17 +47,24 @@ class WorkloadRequest:
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.output_len < 1:
-            raise ValueError(f"request {self.request_id!r}: prompt_len and output_len must be "
-                             f">= 1, got {self.prompt_len} and {self.output_len}")
+            raise ValueError(
+                f"request {self.request_id!r}: prompt_len and output_len must be "
+                f">= 1, got {self.prompt_len} and {self.output_len}"
+            )
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
-            raise ValueError(f"request {self.request_id!r}: prompt_len {self.prompt_len} != "
-                             f"len(prompt_token_ids) {len(self.prompt_token_ids)}")
+            raise ValueError(
+                f"request {self.request_id!r}: prompt_len {self.prompt_len} != "
+                f"len(prompt_token_ids) {len(self.prompt_token_ids)}"
+            )
         if self.arrival is not None and not (math.isfinite(self.arrival) and self.arrival >= 0):
-            raise ValueError(f"request {self.request_id!r}: arrival must be a finite offset "
-                             f">= 0 s, got {self.arrival}")
+            raise ValueError(
+                f"request {self.request_id!r}: arrival must be a finite offset "
+                f">= 0 s, got {self.arrival}"
+            )
 
-    def prompt(self, accepts_token_ids: bool,
-               vocab_size: int = DEFAULT_VOCAB_SIZE) -> str | list[int]:
+    def prompt(
+        self, accepts_token_ids: bool, vocab_size: int = DEFAULT_VOCAB_SIZE
+    ) -> str | list[int]:
         """The prompt to send: token ids when the target takes them and the request has or
         can make them, else text of about ``prompt_len`` tokens.
 
@@ -77,9 +84,13 @@ class WorkloadRequest:
 
     def to_sim_request(self) -> SimRequest:
         """The same request for the in-process simulator (closed loop: arrival 0)."""
-        return SimRequest(self.prompt_len, self.output_len,
-                          0.0 if self.arrival is None else self.arrival,
-                          prompt_token_ids=self.prompt_token_ids, request_id=self.request_id)
+        return SimRequest(
+            self.prompt_len,
+            self.output_len,
+            0.0 if self.arrival is None else self.arrival,
+            prompt_token_ids=self.prompt_token_ids,
+            request_id=self.request_id,
+        )
 
 
 @dataclass
@@ -93,8 +104,9 @@ class Workload:
     def __post_init__(self) -> None:
         if self.closed_loop_concurrency is not None:
             if self.closed_loop_concurrency < 1:
-                raise ConfigError("closed-loop concurrency must be >= 1, got "
-                                  f"{self.closed_loop_concurrency}")
+                raise ConfigError(
+                    f"closed-loop concurrency must be >= 1, got {self.closed_loop_concurrency}"
+                )
             if any(r.arrival is not None for r in self.requests):
                 raise ValueError("a closed-loop workload has no arrival times (arrival=None)")
         elif any(r.arrival is None for r in self.requests):

@@ -20,8 +20,14 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     from autotune.workload.core import Workload
 
-__all__ = ["FINGERPRINT_VERSION", "LengthStats", "WorkloadProfile", "fingerprint",
-           "peak_rate", "profile_of"]
+__all__ = [
+    "FINGERPRINT_VERSION",
+    "LengthStats",
+    "WorkloadProfile",
+    "fingerprint",
+    "peak_rate",
+    "profile_of",
+]
 
 # Bump when the canonical serialization changes, so old and new fingerprints never collide.
 FINGERPRINT_VERSION = 1
@@ -104,8 +110,9 @@ def profile_of(workload: Workload, peak_concurrency: int | None = None) -> Workl
         mean_rate=mean,
         peak_rate_1s=peak1,
         peak_rate_10s=peak10,
-        peak_concurrency=(peak_concurrency if peak_concurrency is not None
-                          else workload.closed_loop_concurrency),
+        peak_concurrency=(
+            peak_concurrency if peak_concurrency is not None else workload.closed_loop_concurrency
+        ),
         closed_loop=workload.closed_loop_concurrency is not None,
         fingerprint=fingerprint(workload),
     )
@@ -121,8 +128,11 @@ def fingerprint(workload: Workload) -> str:
     Each request is one JSON line fed to the hash, so memory stays flat for big traces.
     """
     h = hashlib.sha256()
-    head = {"v": FINGERPRINT_VERSION, "closed_loop": workload.closed_loop_concurrency,
-            "n": len(workload.requests)}
+    head = {
+        "v": FINGERPRINT_VERSION,
+        "closed_loop": workload.closed_loop_concurrency,
+        "n": len(workload.requests),
+    }
     h.update(json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n")
     for r in workload.requests:
         if r.prompt_token_ids is not None:

@@ -45,8 +45,12 @@ IntArray = npt.NDArray[np.int64]
 def is_valid_sequence(prompt_len: int, output_len: int, *, fixed_output: bool = False) -> bool:
     """vLLM's ShareGPT filter (``datasets/utils.py``): prompt and output >= 4 tokens (output
     unchecked when fixed), prompt <= 1024, prompt + output <= 2048."""
-    return not (prompt_len < 4 or (not fixed_output and output_len < 4)
-                or prompt_len > 1024 or prompt_len + output_len > 2048)
+    return not (
+        prompt_len < 4
+        or (not fixed_output and output_len < 4)
+        or prompt_len > 1024
+        or prompt_len + output_len > 2048
+    )
 
 
 def _check_count(num_requests: int) -> None:
@@ -54,10 +58,17 @@ def _check_count(num_requests: int) -> None:
         raise ConfigError(f"num_requests must be >= 1, got {num_requests}")
 
 
-def load_sharegpt(path: str | Path, num_requests: int, *, seed: int = 0, shuffle: bool = True,
-                  oversample: bool = True, output_len: int | None = None,
-                  count_tokens: TokenCounter | None = None,
-                  request_id_prefix: str = "sharegpt-") -> Workload:
+def load_sharegpt(
+    path: str | Path,
+    num_requests: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    oversample: bool = True,
+    output_len: int | None = None,
+    count_tokens: TokenCounter | None = None,
+    request_id_prefix: str = "sharegpt-",
+) -> Workload:
     """ShareGPT JSON sampled as ``vllm bench serve --dataset-name sharegpt`` samples it.
 
     Entries with fewer than two turns are dropped, the rest shuffled with
@@ -106,22 +117,37 @@ def load_sharegpt(path: str | Path, num_requests: int, *, seed: int = 0, shuffle
         if is_valid_sequence(p, o, fixed_output=output_len is not None):
             chosen.append((prompt, p, o))
     if not chosen:
-        raise bad(path, None, None, f"none of {len(entries)} conversations with two turns "
-                  "passes vLLM's length filter (prompt 4..1024, total <= 2048 tokens)")
+        raise bad(
+            path,
+            None,
+            None,
+            f"none of {len(entries)} conversations with two turns "
+            "passes vLLM's length filter (prompt 4..1024, total <= 2048 tokens)",
+        )
     picked = len(chosen)
     if oversample and picked < num_requests:
         redraw = random.Random(seed)  # vLLM re-seeds before oversampling
         chosen += [redraw.choice(chosen[:picked]) for _ in range(num_requests - picked)]
-    requests = [WorkloadRequest(p, o, prompt_text=text, request_id=f"{request_id_prefix}{i}")
-                for i, (text, p, o) in enumerate(chosen)]
+    requests = [
+        WorkloadRequest(p, o, prompt_text=text, request_id=f"{request_id_prefix}{i}")
+        for i, (text, p, o) in enumerate(chosen)
+    ]
     extra = f", {len(chosen) - picked} oversampled" if len(chosen) > picked else ""
     return Workload(requests, f"sharegpt {path} (seed {seed}, {picked} sampled{extra})")
 
 
-def random_workload(num_requests: int = 1000, *, input_len: int = 1024, output_len: int = 128,
-                    range_ratio: float = 0.0, prefix_len: int = 0, seed: int = 0,
-                    vocab_size: int = DEFAULT_VOCAB_SIZE, num_special_tokens: int = 0,
-                    request_id_prefix: str = "random-") -> Workload:
+def random_workload(
+    num_requests: int = 1000,
+    *,
+    input_len: int = 1024,
+    output_len: int = 128,
+    range_ratio: float = 0.0,
+    prefix_len: int = 0,
+    seed: int = 0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    num_special_tokens: int = 0,
+    request_id_prefix: str = "random-",
+) -> Workload:
     """``vllm bench serve --dataset-name random`` (``--random-input-len``, ``-output-len``,
     ``-range-ratio``, ``-prefix-len``; the defaults are vLLM's).
 
@@ -143,8 +169,10 @@ def random_workload(num_requests: int = 1000, *, input_len: int = 1024, output_l
     out_lo = max(math.floor(output_len * (1 - range_ratio)), 1)
     out_hi = max(math.ceil(output_len * (1 + range_ratio)), 1)
     if prefix_len + in_lo < 1:
-        raise ConfigError(f"random: input_len {input_len} is too small: the shortest prompt "
-                          f"(prefix {prefix_len} + {in_lo} sampled) would be empty")
+        raise ConfigError(
+            f"random: input_len {input_len} is too small: the shortest prompt "
+            f"(prefix {prefix_len} + {in_lo} sampled) would be empty"
+        )
     if vocab_size <= MIN_TOKEN_ID:
         raise ConfigError(f"random: vocab_size must be > {MIN_TOKEN_ID}, got {vocab_size}")
     rng = np.random.default_rng(seed)
@@ -157,10 +185,19 @@ def random_workload(num_requests: int = 1000, *, input_len: int = 1024, output_l
     for i in range(num_requests):
         inner = allowed[(offsets[i] + i + np.arange(in_lens[i])) % allowed.size]
         ids = tuple(np.concatenate([prefix, inner]).tolist())
-        requests.append(WorkloadRequest(len(ids), int(out_lens[i]), prompt_token_ids=ids,
-                                        request_id=f"{request_id_prefix}{i}"))
-    return Workload(requests, f"random (input {input_len}, output {output_len}, range ratio "
-                              f"{range_ratio}, prefix {prefix_len}, seed {seed})")
+        requests.append(
+            WorkloadRequest(
+                len(ids),
+                int(out_lens[i]),
+                prompt_token_ids=ids,
+                request_id=f"{request_id_prefix}{i}",
+            )
+        )
+    return Workload(
+        requests,
+        f"random (input {input_len}, output {output_len}, range ratio "
+        f"{range_ratio}, prefix {prefix_len}, seed {seed})",
+    )
 
 
 class LengthDist(Protocol):
@@ -220,16 +257,24 @@ class Empirical:
         return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
 
 
-def synthetic_workload(num_requests: int, prompt: LengthDist, output: LengthDist, *,
-                       seed: int = 0, request_id_prefix: str = "synthetic-") -> Workload:
+def synthetic_workload(
+    num_requests: int,
+    prompt: LengthDist,
+    output: LengthDist,
+    *,
+    seed: int = 0,
+    request_id_prefix: str = "synthetic-",
+) -> Workload:
     """Independent prompt and output lengths from two distributions (seeded). Prompts are
     generated per request when sent (unique content: no accidental prefix sharing)."""
     _check_count(num_requests)
     rng = np.random.default_rng(seed)
     p = np.maximum(prompt.sample(rng, num_requests), 1)
     o = np.maximum(output.sample(rng, num_requests), 1)
-    requests = [WorkloadRequest(int(a), int(b), request_id=f"{request_id_prefix}{i}")
-                for i, (a, b) in enumerate(zip(p, o, strict=True))]
+    requests = [
+        WorkloadRequest(int(a), int(b), request_id=f"{request_id_prefix}{i}")
+        for i, (a, b) in enumerate(zip(p, o, strict=True))
+    ]
     return Workload(requests, f"synthetic (prompt {prompt}, output {output}, seed {seed})")
 
 
@@ -242,8 +287,9 @@ SHAREGPT_LIKE_PROMPT = LogNormal(mean=345.0, sigma=1.3)
 SHAREGPT_LIKE_OUTPUT = LogNormal(mean=211.0, sigma=1.0)
 
 
-def sharegpt_like_workload(num_requests: int = 1000, *, seed: int = 0,
-                           request_id_prefix: str = "sharegpt-like-") -> Workload:
+def sharegpt_like_workload(
+    num_requests: int = 1000, *, seed: int = 0, request_id_prefix: str = "sharegpt-like-"
+) -> Workload:
     """Lengths shaped like filtered ShareGPT, without the file (see the note above)."""
     _check_count(num_requests)
     rng = np.random.default_rng(seed)
@@ -251,8 +297,13 @@ def sharegpt_like_workload(num_requests: int = 1000, *, seed: int = 0,
     while len(kept) < num_requests:  # ~95 % pass the filter: one or two rounds
         batch = max(64, 2 * (num_requests - len(kept)))
         ps, os_ = SHAREGPT_LIKE_PROMPT.sample(rng, batch), SHAREGPT_LIKE_OUTPUT.sample(rng, batch)
-        kept += [(int(a), int(b)) for a, b in zip(ps, os_, strict=True)
-                 if is_valid_sequence(int(a), int(b))]
-    requests = [WorkloadRequest(a, b, request_id=f"{request_id_prefix}{i}")
-                for i, (a, b) in enumerate(kept[:num_requests])]
+        kept += [
+            (int(a), int(b))
+            for a, b in zip(ps, os_, strict=True)
+            if is_valid_sequence(int(a), int(b))
+        ]
+    requests = [
+        WorkloadRequest(a, b, request_id=f"{request_id_prefix}{i}")
+        for i, (a, b) in enumerate(kept[:num_requests])
+    ]
     return Workload(requests, f"sharegpt-like lengths (seed {seed})")

@@ -6,8 +6,10 @@ its meaning never matters. So content is generated deterministically:
 - token ids are drawn from ``[MIN_TOKEN_ID, vocab_size)`` with a seeded RNG. Low ids are
   skipped because many tokenizers put BOS/EOS/UNK there (Llama-2: 0, 1, 2);
 - text is one common 4-letter English word per token. The target server's synthetic
-  tokenizer counts one token per 4 characters of a word, and BPE tokenizers (Llama, GPT,
-  Qwen) hold " word" as one token, so both land near the target length. Text for token ids
+  tokenizer counts one token per 4 characters of a word, and BPE tokenizers trained on English
+  often hold " word" as one token, but other tokenizers make it several: this text is only the
+  fallback for servers that cannot say (no ``/tokenize``); prompts are otherwise fitted to the
+  server (docs/loadgen.md#4-exact-prompt-lengths). Text for token ids
   maps each id to a word, so identical id prefixes give identical text prefixes and prefix
   caching still works when a target only takes text;
 - Mooncake ``hash_ids`` map to fixed blocks of ids, the same block for the same id wherever
@@ -24,6 +26,7 @@ import hashlib
 import importlib
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +41,7 @@ __all__ = [
     "TokenCounter",
     "approx_token_count",
     "hf_token_counter",
+    "local_token_counter",
     "random_token_ids",
     "stable_seed",
     "text_for_token_ids",
@@ -76,12 +80,17 @@ TokenCounter = Callable[[str], int]
 def stable_seed(*parts: int | str) -> list[int]:
     """An RNG seed sequence from ints and strings, identical in every process."""
     # SeedSequence takes non-negative ints only: strings are hashed, ints wrapped to 64 bits
-    return [int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little")
-            if isinstance(p, str) else p & 0xFFFF_FFFF_FFFF_FFFF for p in parts]
+    return [
+        int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little")
+        if isinstance(p, str)
+        else p & 0xFFFF_FFFF_FFFF_FFFF
+        for p in parts
+    ]
 
 
-def random_token_ids(rng: np.random.Generator, n: int,
-                     vocab_size: int = DEFAULT_VOCAB_SIZE) -> tuple[int, ...]:
+def random_token_ids(
+    rng: np.random.Generator, n: int, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> tuple[int, ...]:
     """``n`` ids uniform over ``[MIN_TOKEN_ID, vocab_size)``."""
     _check_vocab(vocab_size)
     return tuple(rng.integers(MIN_TOKEN_ID, vocab_size, size=n).tolist())
@@ -118,15 +127,43 @@ def hf_token_counter(name_or_path: str) -> TokenCounter:
     except ImportError:
         raise ConfigError(
             f"tokenizer '{name_or_path}': the transformers package is not installed "
-            "(leave the tokenizer unset to use the approximate word count)") from None
+            "(leave the tokenizer unset to use the approximate word count)"
+        ) from None
     try:
         tok = transformers.AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as e:  # transformers raises many types for "not found"
         raise ConfigError(
-            f"tokenizer '{name_or_path}': cannot load it from local files: {e}") from None
+            f"tokenizer '{name_or_path}': cannot load it from local files: {e}"
+        ) from None
 
     def count(text: str) -> int:
         return len(tok(text).input_ids)
+
+    return count
+
+
+def local_token_counter(model_dir: str | Path) -> TokenCounter | None:
+    """A counter from ``model_dir/tokenizer.json`` with the ``tokenizers`` package (the
+    optional extra ``autotune[tokenizers]``), or None when either is missing.
+
+    Counts include the special tokens the tokenizer's post-processor adds (BOS), as vLLM's
+    completions endpoint counts a text prompt; a chat template's tokens are not included
+    (the server counts them at the first trial, docs/loadgen.md#43-text-datasets).
+    """
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        tokenizers = importlib.import_module("tokenizers")
+    except ImportError:
+        return None
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust binding raises a bare Exception for a bad file
+        raise ConfigError(f"{path}: cannot load the tokenizer: {e}") from None
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=True).ids)
 
     return count
 
@@ -138,8 +175,12 @@ class HashBlockTokens:
     keeps a trace with heavy prefix sharing from multiplying memory.
     """
 
-    def __init__(self, block_size: int = MOONCAKE_BLOCK_SIZE,
-                 vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0) -> None:
+    def __init__(
+        self,
+        block_size: int = MOONCAKE_BLOCK_SIZE,
+        vocab_size: int = DEFAULT_VOCAB_SIZE,
+        seed: int = 0,
+    ) -> None:
         if block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {block_size}")
         _check_vocab(vocab_size)

@@ -72,8 +72,12 @@ class _Clock:
     def _datetime_ns(self, text: str, line: int) -> int:
         m = _DATETIME.fullmatch(text)
         if m is None:
-            raise bad(self.path, line, self.field,
-                      f"expected a number or 'YYYY-MM-DD HH:MM:SS[.fffffff]', got {text!r}")
+            raise bad(
+                self.path,
+                line,
+                self.field,
+                f"expected a number or 'YYYY-MM-DD HH:MM:SS[.fffffff]', got {text!r}",
+            )
         try:
             whole = datetime.fromisoformat(f"{m[1]}T{m[2]}").replace(tzinfo=UTC)
         except ValueError as e:
@@ -94,13 +98,20 @@ class _Clock:
         if self.origin is None:
             self.origin = raw
         elif isinstance(raw, int) != isinstance(self.origin, int):
-            raise bad(self.path, line, self.field,
-                      "mixes date/time strings and numbers; use one form throughout")
+            raise bad(
+                self.path,
+                line,
+                self.field,
+                "mixes date/time strings and numbers; use one form throughout",
+            )
         t = (raw - self.origin) / 1e9 if isinstance(raw, int) else raw - self.origin
         if self.prev is not None and t < self.prev[0]:
-            raise bad(self.path, line, self.field,
-                      f"{value!r} is earlier than line {self.prev[1]}; the trace must be "
-                      "sorted by time")
+            raise bad(
+                self.path,
+                line,
+                self.field,
+                f"{value!r} is earlier than line {self.prev[1]}; the trace must be sorted by time",
+            )
         self.prev = (t, line)
         return t
 
@@ -127,8 +138,9 @@ def _hash_ids(value: Any, path: Path, line: int, field: str) -> list[int]:
     return [as_count(v, path, line, field) for v in value]
 
 
-def _cell(path: Path, line: int, row: Mapping[str, Any], columns: Mapping[str, str],
-          field: str) -> Any:
+def _cell(
+    path: Path, line: int, row: Mapping[str, Any], columns: Mapping[str, str], field: str
+) -> Any:
     """The row's value for ``field``, through the column mapping."""
     column = columns[field]
     if column not in row:
@@ -136,8 +148,14 @@ def _cell(path: Path, line: int, row: Mapping[str, Any], columns: Mapping[str, s
     return row[column]
 
 
-def _build(path: Path, rows: Iterator[tuple[int, Mapping[str, Any]]], columns: Mapping[str, str],
-           clock: _Clock | None, opts: _Options, kind: str) -> Workload:
+def _build(
+    path: Path,
+    rows: Iterator[tuple[int, Mapping[str, Any]]],
+    columns: Mapping[str, str],
+    clock: _Clock | None,
+    opts: _Options,
+    kind: str,
+) -> Workload:
     """Validate ``rows`` (file column names per ``columns``) and make the workload."""
     blocks = HashBlockTokens(opts.block_size, opts.vocab_size, opts.seed)
     times: list[float] = []
@@ -166,63 +184,125 @@ def _build(path: Path, rows: Iterator[tuple[int, Mapping[str, Any]]], columns: M
             hashes = _hash_ids(cell("hash_ids"), path, line, columns["hash_ids"])
             ids = blocks.prompt(hashes, in_len, pad_seed=f"{opts.prefix}{len(requests)}")
         times.append(t)
-        requests.append(WorkloadRequest(in_len, out_len, prompt_token_ids=ids, prompt_text=text,
-                                        request_id=f"{opts.prefix}{len(requests)}"))
+        requests.append(
+            WorkloadRequest(
+                in_len,
+                out_len,
+                prompt_token_ids=ids,
+                prompt_text=text,
+                request_id=f"{opts.prefix}{len(requests)}",
+            )
+        )
     if not requests:
-        raise bad(path, None, None, "no usable requests (empty trace or every row has a "
-                  "zero length)")
+        raise bad(
+            path, None, None, "no usable requests (empty trace or every row has a zero length)"
+        )
     arrivals = scale_trace(times, time_scale=opts.time_scale, rate_scale=opts.rate_scale)
     note = f", {skipped} zero-length rows skipped" if skipped else ""
-    scale = (f", time x{opts.time_scale}, rate x{opts.rate_scale}"
-             if (opts.time_scale, opts.rate_scale) != (1.0, 1.0) else "")
-    return Workload(requests, f"{kind} {path} ({len(requests)} requests{scale}{note})"
-                    ).with_arrivals(arrivals)
+    scale = (
+        f", time x{opts.time_scale}, rate x{opts.rate_scale}"
+        if (opts.time_scale, opts.rate_scale) != (1.0, 1.0)
+        else ""
+    )
+    return Workload(
+        requests, f"{kind} {path} ({len(requests)} requests{scale}{note})"
+    ).with_arrivals(arrivals)
 
 
-def _options(time_scale: float, rate_scale: float, max_requests: int | None, block_size: int,
-             vocab_size: int, seed: int, prefix: str,
-             count_tokens: TokenCounter | None) -> _Options:
+def _options(
+    time_scale: float,
+    rate_scale: float,
+    max_requests: int | None,
+    block_size: int,
+    vocab_size: int,
+    seed: int,
+    prefix: str,
+    count_tokens: TokenCounter | None,
+) -> _Options:
     if max_requests is not None and max_requests < 1:
         raise ConfigError(f"max_requests must be >= 1, got {max_requests}")
-    return _Options(time_scale, rate_scale, max_requests, block_size, vocab_size, seed, prefix,
-                    count_tokens or approx_token_count)
+    return _Options(
+        time_scale,
+        rate_scale,
+        max_requests,
+        block_size,
+        vocab_size,
+        seed,
+        prefix,
+        count_tokens or approx_token_count,
+    )
 
 
-def load_mooncake(path: str | Path, *, time_scale: float = 1.0, rate_scale: float = 1.0,
-                  max_requests: int | None = None, block_size: int = MOONCAKE_BLOCK_SIZE,
-                  vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0,
-                  request_id_prefix: str = "mooncake-") -> Workload:
+def load_mooncake(
+    path: str | Path,
+    *,
+    time_scale: float = 1.0,
+    rate_scale: float = 1.0,
+    max_requests: int | None = None,
+    block_size: int = MOONCAKE_BLOCK_SIZE,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+    request_id_prefix: str = "mooncake-",
+) -> Workload:
     """A Mooncake trace: JSONL rows ``{"timestamp": ms, "input_length", "output_length",
     "hash_ids": [...]}``. Each hash id is a fixed block of ``block_size`` (512) token ids,
     so rows sharing leading hash ids share leading prompt tokens, as the trace intends.
     """
     cols = {f: f for f in ("timestamp", "input_length", "output_length", "hash_ids")}
     p = Path(path)
-    opts = _options(time_scale, rate_scale, max_requests, block_size, vocab_size, seed,
-                    request_id_prefix, None)
+    opts = _options(
+        time_scale, rate_scale, max_requests, block_size, vocab_size, seed, request_id_prefix, None
+    )
     return _build(p, iter_jsonl(p), cols, _Clock(p, "timestamp", 1e-3), opts, "mooncake")
 
 
-def load_azure(path: str | Path, *, time_scale: float = 1.0, rate_scale: float = 1.0,
-               max_requests: int | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
-               seed: int = 0, request_id_prefix: str = "azure-") -> Workload:
+def load_azure(
+    path: str | Path,
+    *,
+    time_scale: float = 1.0,
+    rate_scale: float = 1.0,
+    max_requests: int | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+    request_id_prefix: str = "azure-",
+) -> Workload:
     """An Azure LLM inference trace (2023/2024): CSV ``TIMESTAMP,ContextTokens,
     GeneratedTokens`` with UTC datetimes of 7 fractional digits, all of them kept."""
-    cols = {"timestamp": "TIMESTAMP", "input_length": "ContextTokens",
-            "output_length": "GeneratedTokens"}
+    cols = {
+        "timestamp": "TIMESTAMP",
+        "input_length": "ContextTokens",
+        "output_length": "GeneratedTokens",
+    }
     p = Path(path)
-    opts = _options(time_scale, rate_scale, max_requests, MOONCAKE_BLOCK_SIZE, vocab_size, seed,
-                    request_id_prefix, None)
+    opts = _options(
+        time_scale,
+        rate_scale,
+        max_requests,
+        MOONCAKE_BLOCK_SIZE,
+        vocab_size,
+        seed,
+        request_id_prefix,
+        None,
+    )
     rows = iter_csv(p, set(cols.values()))
     return _build(p, rows, cols, _Clock(p, "TIMESTAMP", 1.0), opts, "azure")
 
 
-def load_trace(path: str | Path, columns: Mapping[str, str], *,
-               fmt: Literal["csv", "jsonl"] | None = None, time_unit_s: float = 1.0,
-               time_scale: float = 1.0, rate_scale: float = 1.0, max_requests: int | None = None,
-               block_size: int = MOONCAKE_BLOCK_SIZE, count_tokens: TokenCounter | None = None,
-               vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0,
-               request_id_prefix: str = "trace-") -> Workload:
+def load_trace(
+    path: str | Path,
+    columns: Mapping[str, str],
+    *,
+    fmt: Literal["csv", "jsonl"] | None = None,
+    time_unit_s: float = 1.0,
+    time_scale: float = 1.0,
+    rate_scale: float = 1.0,
+    max_requests: int | None = None,
+    block_size: int = MOONCAKE_BLOCK_SIZE,
+    count_tokens: TokenCounter | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+    request_id_prefix: str = "trace-",
+) -> Workload:
     """Any CSV or JSONL trace, ``columns`` mapping :data:`TRACE_FIELDS` to the file's names.
 
     ``output_length`` and one of ``input_length``/``prompt`` are required. Without
@@ -234,15 +314,26 @@ def load_trace(path: str | Path, columns: Mapping[str, str], *,
     p = Path(path)
     unknown = sorted(set(columns) - set(TRACE_FIELDS))
     if unknown:
-        raise ConfigError(f"{p}: column mapping: unknown field '{unknown[0]}' "
-                          f"(expected {', '.join(TRACE_FIELDS)})")
+        raise ConfigError(
+            f"{p}: column mapping: unknown field '{unknown[0]}' "
+            f"(expected {', '.join(TRACE_FIELDS)})"
+        )
     if "output_length" not in columns or not {"input_length", "prompt"} & set(columns):
-        raise ConfigError(f"{p}: column mapping: needs 'output_length' and one of "
-                          "'input_length' or 'prompt'")
+        raise ConfigError(
+            f"{p}: column mapping: needs 'output_length' and one of 'input_length' or 'prompt'"
+        )
     if not time_unit_s > 0:
         raise ConfigError(f"{p}: time_unit_s must be > 0, got {time_unit_s}")
-    opts = _options(time_scale, rate_scale, max_requests, block_size, vocab_size, seed,
-                    request_id_prefix, count_tokens)
+    opts = _options(
+        time_scale,
+        rate_scale,
+        max_requests,
+        block_size,
+        vocab_size,
+        seed,
+        request_id_prefix,
+        count_tokens,
+    )
     fmt = fmt or ("csv" if p.suffix.lower() == ".csv" else "jsonl")
     if fmt not in ("csv", "jsonl"):
         raise ConfigError(f"{p}: unknown trace format {fmt!r} (expected 'csv' or 'jsonl')")

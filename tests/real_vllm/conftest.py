@@ -73,6 +73,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 # -- session fixtures -------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session", autouse=True)
 def no_kvcache_space_env() -> Iterator[None]:
     """``VLLM_CPU_KVCACHE_SPACE`` beats ``--kv-cache-memory-bytes``: keep it out of every
@@ -92,16 +93,20 @@ def vllm_venv() -> Path:
         return Path(given)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(["bash", str(ENV_SCRIPT)], capture_output=True, text=True,
-                              timeout=1800, check=False)
+        proc = subprocess.run(
+            ["bash", str(ENV_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         unavailable(f"{ENV_SCRIPT.name}: {exc}")
         raise AssertionError("unreachable") from exc
     TIMINGS["vllm venv (install or reuse)"] = time.monotonic() - t0
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-        reason = errors[-1][len("error: "):] if errors else (
-            proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        reason = (
+            errors[-1][len("error: ") :]
+            if errors
+            else (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        )
         unavailable(f"{ENV_SCRIPT.name} failed: {reason}")
     lines = proc.stdout.strip().splitlines()
     venv = Path(lines[-1]) if lines else Path()
@@ -115,9 +120,14 @@ def tiny_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """The tiny Llama and its tokenizer, built with the venv's Python (no downloads)."""
     out = tmp_path_factory.mktemp("models") / "tiny-llama"
     t0 = time.monotonic()
-    proc = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "make_tiny_model.py"),
-                           str(out)], capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, **WORKER_ENV, "HF_HOME": str(out.parent / "hf")})
+    proc = subprocess.run(
+        [str(vllm_venv / "bin" / "python"), str(HERE / "make_tiny_model.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, **WORKER_ENV, "HF_HOME": str(out.parent / "hf")},
+    )
     TIMINGS["tiny model build"] = time.monotonic() - t0
     assert proc.returncode == 0, f"make_tiny_model.py failed:\n{proc.stderr[-3000:]}"
     info = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -126,24 +136,68 @@ def tiny_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="session")
-def captures(tmp_path_factory: pytest.TempPathFactory, vllm_venv: Path,
-             tiny_model: Path) -> Iterator[Captures]:
+def foreign_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny Llama with a tokenizer foreign to autotune's word list (syllable
+    pseudo-words; 1,902 tokens under a config.json vocab_size of 2048): what real users'
+    tokenizers are to autotune's text prompts."""
+    out = tmp_path_factory.mktemp("models") / "tiny-llama-foreign"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [
+            str(vllm_venv / "bin" / "python"),
+            str(HERE / "make_tiny_model.py"),
+            str(out),
+            "--foreign",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, **WORKER_ENV, "HF_HOME": str(out.parent / "hf")},
+    )
+    TIMINGS["foreign tiny model build"] = time.monotonic() - t0
+    assert proc.returncode == 0, f"make_tiny_model.py --foreign failed:\n{proc.stderr[-3000:]}"
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["kv_bytes_per_token"] == KV_BYTES_PER_TOKEN and info["foreign"] is True
+    assert info["tokenizer_size"] < info["vocab_size"]
+    return out
+
+
+@pytest.fixture(scope="session")
+def captures(
+    tmp_path_factory: pytest.TempPathFactory, vllm_venv: Path, tiny_model: Path
+) -> Iterator[Captures]:
     folder = tmp_path_factory.mktemp("captures")
     workroot = tiny_model.parent.parent  # pytest's session base temp
-    cap = Captures(folder, {str(tiny_model): "/models/tiny-llama", str(vllm_venv): "/venv",
-                            str(workroot): "/tmp/pytest", str(Path.home()): "/home/user"},
-                   recapture=os.environ.get("AUTOTUNE_RECAPTURE") == "1")
-    cap.note("model", "tiny-llama", {"kv_bytes_per_token": KV_BYTES_PER_TOKEN,
-                                     "block_size": CPU_BLOCK_SIZE, "served_model_name":
-                                     SERVED_MODEL, "max_position_embeddings": 4096})
+    cap = Captures(
+        folder,
+        {
+            str(tiny_model): "/models/tiny-llama",
+            str(vllm_venv): "/venv",
+            str(workroot): "/tmp/pytest",
+            str(Path.home()): "/home/user",
+        },
+        recapture=os.environ.get("AUTOTUNE_RECAPTURE") == "1",
+    )
+    cap.note(
+        "model",
+        "tiny-llama",
+        {
+            "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+            "block_size": CPU_BLOCK_SIZE,
+            "served_model_name": SERVED_MODEL,
+            "max_position_embeddings": 4096,
+        },
+    )
     yield cap
     cap.note("timings_s", "last run", {k: round(v, 1) for k, v in TIMINGS.items()})
     cap.write_meta()
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def vllm_server(vllm_venv: Path, tiny_model: Path, captures: Captures,
-                      tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RealServer]:
+async def vllm_server(
+    vllm_venv: Path, tiny_model: Path, captures: Captures, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RealServer]:
     """One real ``vllm serve`` for the session, started and stopped by autotune's worker.
 
     Teardown asserts that nothing of its process group is left.
@@ -155,11 +209,20 @@ async def vllm_server(vllm_venv: Path, tiny_model: Path, captures: Captures,
     TIMINGS["shared server: launch -> ready (start())"] = time.monotonic() - t0
     TIMINGS["shared server: launch -> /health 200"] = info.startup_s
     captures.save("startup.log", "\n".join(worker.log_lines()) + "\n")
-    captures.note("server", "shared", {
-        "engine_args": SERVER_ENGINE_ARGS, "static_args": worker.static_args,
-        "argv": list(info.argv), "kv_cache_tokens": info.kv_cache_tokens,
-        "num_gpu_blocks": info.num_gpu_blocks, "block_size": info.block_size,
-        "max_concurrency": info.max_concurrency, "startup_s": round(info.startup_s, 1)})
+    captures.note(
+        "server",
+        "shared",
+        {
+            "engine_args": SERVER_ENGINE_ARGS,
+            "static_args": worker.static_args,
+            "argv": list(info.argv),
+            "kv_cache_tokens": info.kv_cache_tokens,
+            "num_gpu_blocks": info.num_gpu_blocks,
+            "block_size": info.block_size,
+            "max_concurrency": info.max_concurrency,
+            "startup_s": round(info.startup_s, 1),
+        },
+    )
     try:
         yield RealServer(worker, info, dict(SERVER_ENGINE_ARGS), SERVER_KV_BYTES, tiny_model)
     finally:
@@ -171,7 +234,8 @@ async def vllm_server(vllm_venv: Path, tiny_model: Path, captures: Captures,
         assert not left, f"processes of the server's group {pgid} survived stop(): {left}"
         # keep the whole server log (requests, shutdown) next to the captures for debugging
         captures.folder.joinpath("server-full.log").write_text(
-            captures.clean(info.log_path.read_text(errors="replace")))
+            captures.clean(info.log_path.read_text(errors="replace"))
+        )
 
 
 @pytest.fixture(scope="session")

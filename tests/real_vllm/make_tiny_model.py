@@ -1,15 +1,21 @@
 """Build the tiny Llama the real-vLLM tests serve: no downloads, about 2 MB, a few seconds.
 
-Run with the vLLM venv's own Python (it needs torch, transformers and tokenizers, which
-autotune never depends on)::
+Run with the vLLM venv's own Python (it needs torch and transformers, which autotune never
+depends on, and tokenizers)::
 
-    <venv>/bin/python tests/real_vllm/make_tiny_model.py OUT_DIR
+    <venv>/bin/python tests/real_vllm/make_tiny_model.py OUT_DIR [--foreign]
 
 Writes a Hugging Face model folder (``config.json``, safetensors weights,
 ``generation_config.json``, tokenizer files with a chat template) and prints one JSON line
-describing it. Shape from vllm-cpu.md: head_dim 32 (vLLM's CPU attention rejects 16 on the
-first request), a byte-level BPE vocabulary of 2000 shared by model and tokenizer, KV of
-2 layers x 2 KV heads x 32 x 2 (K, V) x 2 bytes = 512 B/token. Deterministic for a seed.
+describing it. Shape from docs/vllm-cpu.md#3-the-tiny-test-model: head_dim 32 (vLLM's CPU
+attention rejects 16 on the first request), a byte-level BPE vocabulary of 2000 shared by
+model and tokenizer, KV of 2 layers x 2 KV heads x 32 x 2 (K, V) x 2 bytes = 512 B/token.
+Deterministic for a seed.
+
+``--foreign`` builds the same model with a tokenizer that shares nothing with autotune's word
+list, as real users' tokenizers do not: BPE trained on syllable pseudo-words only (an English
+word becomes several tokens), 1,900 tokens plus two special chat markers at 1900-1901, under a
+``config.json`` vocab_size of 2048, so the largest ordinary id (1899) lies below vocab_size.
 """
 
 from __future__ import annotations
@@ -55,12 +61,13 @@ def corpus(seed: int, lines: int = 4000) -> list[str]:
     """Generated training text: word salad plus pseudo-words, digits and punctuation."""
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
-    pseudo = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
-              for _ in range(600)]
+    pseudo = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(600)]
     out = []
     for _ in range(lines):
-        words = [rng.choice(_WORDS) if rng.random() < 0.8 else rng.choice(pseudo)
-                 for _ in range(rng.randint(5, 30))]
+        words = [
+            rng.choice(_WORDS) if rng.random() < 0.8 else rng.choice(pseudo)
+            for _ in range(rng.randint(5, 30))
+        ]
         if rng.random() < 0.3:
             words.insert(rng.randrange(len(words)), str(rng.randint(0, 9999)))
         line = " ".join(words)
@@ -68,7 +75,37 @@ def corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
-def build(out: Path, seed: int) -> dict[str, object]:
+FOREIGN_TOKENS = 1900
+FOREIGN_VOCAB = 2048
+FOREIGN_MARKERS = ("<|user|>", "<|assistant|>")  # special: ids 1900 and 1901
+FOREIGN_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def foreign_corpus(seed: int, lines: int = 4000) -> list[str]:
+    """Syllable pseudo-words ("zuhul belfin"), digits and punctuation; no English word."""
+    rng = random.Random(seed + 1)
+    onsets, vowels, codas = "bdfgjklmnprstvz", "aeiou", ["", "", "l", "n", "r", "s"]
+
+    def word() -> str:
+        return "".join(
+            rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
+            for _ in range(rng.randint(1, 4))
+        )
+
+    out = []
+    for _ in range(lines):
+        words = [word() for _ in range(rng.randint(5, 30))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 9999)))
+        out.append(" ".join(words) + rng.choice(".?!,;:"))
+    return out
+
+
+def build(out: Path, seed: int, foreign: bool = False) -> dict[str, object]:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -82,40 +119,73 @@ def build(out: Path, seed: int) -> dict[str, object]:
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(SPECIALS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    bpe.train_from_iterator(corpus(seed), trainer=trainer)
-    if bpe.get_vocab_size() != VOCAB_SIZE:
-        raise SystemExit(f"tokenizer vocabulary is {bpe.get_vocab_size()}, not {VOCAB_SIZE}")
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>", pad_token="<pad>",
-                                  model_max_length=MAX_POSITIONS)
-    tok.chat_template = CHAT_TEMPLATE
+    tokens = FOREIGN_TOKENS if foreign else VOCAB_SIZE
+    trainer = trainers.BpeTrainer(
+        vocab_size=tokens,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(foreign_corpus(seed) if foreign else corpus(seed), trainer=trainer)
+    if bpe.get_vocab_size() != tokens:
+        raise SystemExit(f"tokenizer vocabulary is {bpe.get_vocab_size()}, not {tokens}")
+    if foreign:
+        bpe.add_special_tokens(list(FOREIGN_MARKERS))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=MAX_POSITIONS,
+    )
+    tok.chat_template = FOREIGN_TEMPLATE if foreign else CHAT_TEMPLATE
     tok.save_pretrained(out)
+    vocab = FOREIGN_VOCAB if foreign else VOCAB_SIZE
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=32, max_position_embeddings=MAX_POSITIONS, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=3, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+    )
     cfg.dtype = torch.bfloat16
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3).save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
-    return {"path": str(out), "vocab_size": VOCAB_SIZE, "params": params,
-            "kv_bytes_per_token": 2 * cfg.num_hidden_layers * cfg.num_key_value_heads
-            * cfg.head_dim * 2, "max_position_embeddings": MAX_POSITIONS,
-            "bytes": sum(f.stat().st_size for f in out.iterdir() if f.is_file())}
+    return {
+        "path": str(out),
+        "vocab_size": vocab,
+        "tokenizer_size": len(tok),
+        "foreign": foreign,
+        "params": params,
+        "kv_bytes_per_token": 2
+        * cfg.num_hidden_layers
+        * cfg.num_key_value_heads
+        * cfg.head_dim
+        * 2,
+        "max_position_embeddings": MAX_POSITIONS,
+        "bytes": sum(f.stat().st_size for f in out.iterdir() if f.is_file()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--foreign", action="store_true", help="a tokenizer foreign to autotune")
     ns = p.parse_args(argv)
-    print(json.dumps(build(ns.out, ns.seed)), flush=True)
+    print(json.dumps(build(ns.out, ns.seed, ns.foreign)), flush=True)
     return 0
 
 

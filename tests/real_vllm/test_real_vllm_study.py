@@ -4,6 +4,11 @@ Each trial launches real vLLM through the study controller: the baseline and one
 config serve the workload; the enqueued config (``max_num_batched_tokens`` below
 ``max_num_seqs``) is refused by vLLM at startup, and the study still completes, with that
 trial COMPLETE, infeasible, objective 0, and vLLM's failure class and text stored.
+
+The model's tokenizer is foreign to autotune's word list (``foreign_model``), as real users'
+tokenizers are, and the study sends chat requests: every prompt is built through the server's
+``/detokenize`` and ``/tokenize`` and must measure within max(1 %, 2 tokens) of its requested
+length on the real server (docs/loadgen.md#42-chat-prompts).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.store import Store
 
-from .support import SERVED_MODEL, SERVER_KV_BYTES, TIMINGS, WORKER_ENV
+from .support import SERVED_MODEL, SERVER_KV_BYTES, TIMINGS, WORKER_ENV, Captures
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.postgres]
 
@@ -37,17 +42,29 @@ def study_config(name: str, venv: Path, model: Path, workdir: Path) -> dict[str,
         "name": name,
         "model": {"name": str(model), "served_name": SERVED_MODEL},
         "hardware": "test-4GB",
-        "worker": {"kind": "vllm", "vllm_executable": [str(venv / "bin" / "vllm")],
-                   "static_args": {"enforce_eager": True,
-                                   "kv_cache_memory_bytes": SERVER_KV_BYTES},
-                   "env": dict(WORKER_ENV), "startup_timeout_s": 300,
-                   "workdir": str(workdir)},
-        "workload": {"source": "synthetic", "num_prompts": NUM_PROMPTS, "input_len": 64,
-                     "output_len": 32, "arrival": "poisson", "rate": 4, "seed": 0},
+        "worker": {
+            "kind": "vllm",
+            "vllm_executable": [str(venv / "bin" / "vllm")],
+            "static_args": {"enforce_eager": True, "kv_cache_memory_bytes": SERVER_KV_BYTES},
+            "env": dict(WORKER_ENV),
+            "startup_timeout_s": 300,
+            "workdir": str(workdir),
+        },
+        "workload": {
+            "source": "synthetic",
+            "num_prompts": NUM_PROMPTS,
+            "input_len": 64,
+            "output_len": 32,
+            "arrival": "poisson",
+            "rate": 4,
+            "seed": 0,
+            "endpoint": "chat",
+        },
         "slo": {"p99_ttft_ms": 10000, "p99_tpot_ms": 1000},
         "mode": "fixed-rate",
         "enqueue": [{"max_num_seqs": 64, "max_num_batched_tokens": 32}],
-        "strategy": {"name": "joint", "n_trials": 3},
+        # no validation phase: re-measuring on real vLLM would add minutes of CI
+        "strategy": {"name": "joint", "n_trials": 3, "validate": {"enabled": False}},
         "seed": 0,
     }
 
@@ -61,19 +78,20 @@ def short_workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_three_trial_fixed_rate_study_on_postgres(vllm_venv: Path, tiny_model: Path,
-                                                  tmp_path: Path, short_workdir: Path) -> None:
+def test_three_trial_fixed_rate_study_on_postgres(
+    vllm_venv: Path, foreign_model: Path, tmp_path: Path, short_workdir: Path, captures: Captures
+) -> None:
     name = f"real-vllm-{secrets.token_hex(3)}"
     cfg_path = tmp_path / "study.yaml"
-    cfg_path.write_text(yaml.safe_dump(study_config(name, vllm_venv, tiny_model,
-                                                    short_workdir)))
+    cfg_path.write_text(yaml.safe_dump(study_config(name, vllm_venv, foreign_model, short_workdir)))
     runner = CliRunner()
     with fresh_database("postgres", tmp_path) as url:
         up = runner.invoke(app, ["db", "upgrade", "--storage", url])
         assert up.exit_code == 0, up.output
         t0 = time.monotonic()
-        r = runner.invoke(app, ["study", "create", "--config", str(cfg_path), "--storage", url,
-                                "--run"])
+        r = runner.invoke(
+            app, ["study", "create", "--config", str(cfg_path), "--storage", url, "--run"]
+        )
         TIMINGS["study: 3 trials on real vLLM"] = time.monotonic() - t0
         assert r.exit_code == 0, (r.output, r.exception)
         assert "3 trial(s) run" in r.output
@@ -86,7 +104,9 @@ def test_three_trial_fixed_rate_study_on_postgres(vllm_venv: Path, tiny_model: P
             assert ok.failure_class is None and ok.feasible is True, ok.log_tail
             assert ok.levels[0].completed == NUM_PROMPTS and ok.levels[0].failed == 0
             assert ok.launch_argv is not None and ok.launch_argv[:2] == [
-                str(vllm_venv / "bin" / "vllm"), "serve"]
+                str(vllm_venv / "bin" / "vllm"),
+                "serve",
+            ]
             assert "--kv-cache-memory-bytes" in ok.launch_argv
             assert ok.kv_cache_tokens == SERVER_KV_BYTES // 512
             assert ok.startup_s is not None and ok.startup_s > 0
@@ -96,6 +116,18 @@ def test_three_trial_fixed_rate_study_on_postgres(vllm_venv: Path, tiny_model: P
             assert "must be greater than or equal to max_num_seqs" in (bad.log_tail or "")
             assert third.failure_class is None, (third.failure_class, third.log_tail)
             assert third.levels and third.levels[0].completed == NUM_PROMPTS
-        ft = optuna.load_study(study_name=name, storage=url).trials
+            # the chat prompts measured on the real server as requested, on a foreign tokenizer
+            for served in (ok, third):
+                m = served.levels[0].metrics
+                assert m["prompts_off_length"] == 0, m
+                assert abs(m["prompt_len_deviation"]) <= 0.01, m
+            m = ok.levels[0].metrics
+            captures.note(
+                "prompt_lengths",
+                "study chat on the foreign tokenizer",
+                {"requested": m["requested_input_tokens"], "measured": m["total_input_tokens"]},
+            )
+        with Store.open(url) as store:
+            ft = optuna.load_study(study_name=name, storage=store.optuna_storage()).trials
         assert [t.state for t in ft] == [optuna.trial.TrialState.COMPLETE] * 3
         assert ft[1].user_attrs["failure_class"] == "MNBT_LT_MNS" and ft[1].value == 0

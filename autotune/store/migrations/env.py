@@ -31,8 +31,10 @@ def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | 
 def run_migrations() -> None:
     connection = context.config.attributes.get("connection")
     if connection is None or context.is_offline_mode():
-        raise RuntimeError("autotune's migrations run through autotune.store.migrate "
-                           "(`autotune db upgrade`), which passes the connection")
+        raise RuntimeError(
+            "autotune's migrations run through autotune.store.migrate "
+            "(`autotune db upgrade`), which passes the connection"
+        )
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,

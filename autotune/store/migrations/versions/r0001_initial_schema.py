@@ -59,12 +59,15 @@ def upgrade() -> None:
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
-            ["study_id"], ["autotune_studies.id"],
-            name=op.f("fk_autotune_trials_study_id_autotune_studies"), ondelete="CASCADE",
+            ["study_id"],
+            ["autotune_studies.id"],
+            name=op.f("fk_autotune_trials_study_id_autotune_studies"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_autotune_trials")),
         sa.UniqueConstraint(
-            "study_id", "optuna_trial_number",
+            "study_id",
+            "optuna_trial_number",
             name=op.f("uq_autotune_trials_study_id_optuna_trial_number"),
         ),
     )
@@ -91,12 +94,16 @@ def upgrade() -> None:
         sa.Column("telemetry", sa.JSON(), nullable=True),
         sa.Column("diagnosis", sa.JSON(), nullable=True),
         sa.ForeignKeyConstraint(
-            ["trial_id"], ["autotune_trials.id"],
-            name=op.f("fk_autotune_levels_trial_id_autotune_trials"), ondelete="CASCADE",
+            ["trial_id"],
+            ["autotune_trials.id"],
+            name=op.f("fk_autotune_levels_trial_id_autotune_trials"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_autotune_levels")),
         sa.UniqueConstraint(
-            "trial_id", "level_index", name=op.f("uq_autotune_levels_trial_id_level_index"),
+            "trial_id",
+            "level_index",
+            name=op.f("uq_autotune_levels_trial_id_level_index"),
         ),
     )
 

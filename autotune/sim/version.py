@@ -1,0 +1,57 @@
+"""The simulated engine's behaviour version and a fingerprint of its constants.
+
+Results computed with the simulator and kept on disk (the tuning-quality benchmark's ground
+truth, ``benchmarks/data/``) are keyed by :func:`engine_fingerprint`: a hash of the step-cost,
+memory and scheduler constants, the built-in GPU and model profiles, and
+:data:`ENGINE_MODEL_VERSION`. Changing a constant changes the key by itself; changing the
+engine's *code* in a way that moves results does not, so bump the version with it
+(``tests/test_golden_capacity.py`` fails until you do;
+docs/tuning.md#6-the-tuning-quality-benchmark).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, fields
+from typing import Any
+
+from autotune.sim import costs, memory
+from autotune.sim.args import EngineArgs
+from autotune.sim.hardware import builtin_hardware
+from autotune.sim.models import builtin_models
+
+__all__ = ["ENGINE_MODEL_VERSION", "engine_constants", "engine_fingerprint"]
+
+# Bump when the engine's behaviour changes (scheduler, cost formula, memory accounting), then
+# regenerate benchmarks/data (python benchmarks/tuning_quality.py --refresh-truth).
+ENGINE_MODEL_VERSION = 1
+
+
+def engine_constants() -> dict[str, Any]:
+    """Every constant the simulated engine's results depend on, as plain JSON values."""
+    return {
+        "version": ENGINE_MODEL_VERSION,
+        "costs": {
+            "eps_elem": costs.DEFAULT_EPS_ELEM,
+            "t_fixed": costs.DEFAULT_T_FIXED,
+            "t_req": costs.DEFAULT_T_REQ,
+        },
+        "memory": {
+            "act_coeff": memory.ACT_COEFF,
+            "non_torch_tp1": memory.NON_TORCH_TP1,
+            "non_torch_tpn": memory.NON_TORCH_TPN,
+            "graph_bytes_per_layer": memory.GRAPH_BYTES_PER_LAYER,
+            "capture_sizes": list(memory._CAPTURE_SIZES),
+        },
+        # the scheduler's knobs and their defaults
+        "scheduler": {f.name: repr(f.default) for f in fields(EngineArgs)},
+        "hardware": [asdict(h) for h in builtin_hardware()],
+        "models": [asdict(m) for m in builtin_models()],
+    }
+
+
+def engine_fingerprint() -> str:
+    """A short hash of :func:`engine_constants`."""
+    text = json.dumps(engine_constants(), sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,240 @@
+"""Claiming the next trial of a study that many controllers share, exactly once
+(docs/faults.md#5-exact-budgets-with-many-controllers).
+
+A claim is one short section under the study lock: a recovery pass, the decision which
+stage the next trial belongs to (counting the trials other controllers are running as if
+they were done), ``ask`` and the suggestions, the trial's stage and engine args, its first
+heartbeat and the claim row. On PostgreSQL the claim row commits with the advisory lock's
+transaction, so a claim made while the lock was lost (a server restart) never lands; the
+trial it asked for is then found abandoned by the next pass and re-queued.
+
+When every trial of the current stage is claimed but some still run, the answer is
+:class:`Wait`: the next stage starts from the best point of this one, so it cannot start
+before this one is complete. The same holds for the baseline (and ``enqueue:`` configs)
+before the first stage, and at the end of the plan (a running trial may still fail and be
+retried). Several lanes of one process can share one :class:`Claims` (``lane`` tells their
+claims apart).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import StrategyConfig
+from autotune.report.dashboard import enqueued_engine_args
+from autotune.store import Store
+from autotune.tuning.recovery import Recovery, claim_key
+from autotune.tuning.rounding import tidy_steps
+from autotune.tuning.space import SpaceBounds, suggest
+from autotune.tuning.stages import stage_param
+from autotune.tuning.strategy import next_stage, sampler_for, stage_params
+
+__all__ = ["Claimed", "Claims", "Done", "Wait", "decide", "stage_order"]
+
+log = logging.getLogger(__name__)
+
+_ENQUEUED = "enqueued"
+# a claim that lost its trial to another controller (the lock was lost) is simply redone
+_MAX_REDOS = 5
+
+
+@dataclass
+class Claimed:
+    """A trial this controller now runs."""
+
+    trial: optuna.Trial
+    stage: str
+    engine_args: dict[str, Any]
+    key: str
+    lane: int
+    # trials complete or running (other lanes', other controllers') when it was claimed: it
+    # is the next one of the plan ("trial k of n")
+    complete_before: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to claim until other controllers' running trials complete."""
+
+    reason: str
+    running: int
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: str
+
+
+def stage_order(stage: str | None, b: SpaceBounds) -> int:
+    """Where a stage comes in the plan: the baseline and enqueued configs first, then one
+    stage per parameter in the fixed order, the joint refinement, the coordinate passes in
+    their order, then the rest (random, grid)."""
+    names = stage_params(b)
+    if stage is None or stage == "baseline" or stage == _ENQUEUED or stage.startswith("enqueue-"):
+        return 0
+    if stage == "joint":
+        return 1 + len(names)
+    param, k = stage_param(stage)
+    if param in names:
+        return 1 + names.index(param) if k == 1 else 2 + len(names) * (k - 1) + names.index(param)
+    return 2 + len(names) * 1000
+
+
+def _as_complete(t: FrozenTrial) -> FrozenTrial:
+    done = copy.copy(t)
+    done.state = TrialState.COMPLETE
+    return done
+
+
+def decide(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds) -> str | Wait | Done:
+    """The stage of the next trial to claim, or why there is none now."""
+    if any(t.state == TrialState.WAITING for t in trials):
+        return _ENQUEUED  # the queue first: the baseline, enqueue: configs, retries
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    # as if every running trial were done: the stage budgets then count them as taken
+    view = [_as_complete(t) if t.state == TrialState.RUNNING else t for t in trials]
+    stage = next_stage(view, st, b, 0)
+    if stage is None:
+        if running:
+            return Wait(
+                f"the plan is fully claimed; {len(running)} trial(s) still run", len(running)
+            )
+        return Done("plan complete")
+    order = stage_order(stage, b)
+    earlier = [t for t in running if stage_order(t.user_attrs.get("stage"), b) < order]
+    if earlier:
+        names = sorted({str(t.user_attrs.get("stage")) for t in earlier})
+        return Wait(
+            f"stage {stage} starts once {len(earlier)} running trial(s) of "
+            f"{', '.join(names)} complete",
+            len(earlier),
+        )
+    return stage
+
+
+class Claims:
+    """The claims of one controller (``controller_id``) on one study."""
+
+    def __init__(
+        self,
+        store: Store,
+        study: optuna.Study,
+        name: str,
+        controller_id: int,
+        *,
+        strategy: StrategyConfig,
+        bounds: SpaceBounds,
+        recovery: Recovery,
+        seed_for: Callable[[int], int],
+        on_claim: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store, self.study, self.name = store, study, name
+        self.fleet = store.fleet()
+        self.controller_id = controller_id
+        self.strategy, self.bounds = strategy, bounds
+        self.recovery, self.seed_for = recovery, seed_for
+        self.on_claim = on_claim  # the trial id, to heartbeat from now on
+
+    def recover(self, *, full: bool = False) -> list[str]:
+        """A recovery pass on its own (a controller's start: ``full``)."""
+
+        def run() -> list[str]:
+            with self.fleet.locked(self.name) as lk:
+                return self.recovery.sweep(lk, full=full)
+
+        return self.store.resilience.call("recovering the study", run)
+
+    def next(self, lane: int = 0) -> Claimed | Wait | Done:
+        """Claim the next trial (or say why not)."""
+        for _ in range(_MAX_REDOS):
+            try:
+                return self.store.resilience.call(
+                    "claiming the next trial", lambda: self._claim(lane)
+                )
+            except optuna.exceptions.UpdateFinishedTrialError:
+                log.warning("a trial being claimed was finished by another controller; again")
+        raise RuntimeError("could not claim a trial: other controllers kept finishing it")
+
+    def _claim(self, lane: int) -> Claimed | Wait | Done:
+        with self.fleet.locked(self.name) as lk:
+            for line in self.recovery.sweep(lk):
+                log.warning("recovered: %s", line)
+            trials = self.recovery.trials
+            decision = decide(trials, self.strategy, self.bounds)
+            if not isinstance(decision, str):
+                return decision
+            with warnings.catch_warnings():
+                # the baseline may lie outside the ranges on purpose (vLLM's defaults), and
+                # PartialFixedSampler is what the staged method needs, experimental or not
+                warnings.filterwarnings("ignore", message=".*out of range.*")
+                warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+                # heartbeats are ours (a thread), not study.optimize's
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+                self.study.sampler = tidy_steps(
+                    sampler_for(
+                        decision,
+                        trials,
+                        self.bounds,
+                        self.seed_for(len(trials)),
+                        self.strategy,
+                    )
+                )
+                trial = self.study.ask()
+                values = suggest(trial, self.bounds)
+            engine_args = enqueued_engine_args(trial.user_attrs) or values.engine_args()
+            label = trial.user_attrs.get("label")
+            # a retry keeps its stage; a first enqueued run is named by its label
+            stage = str(
+                trial.user_attrs.get("stage")
+                or ("baseline" if label == "baseline" else (label or decision))
+            )
+            # the stage now, under the lock (the claims read it); the engine values follow
+            # in record_trial_start
+            trial.set_user_attr("stage", stage)
+            # a first heartbeat now: Optuna never counts a trial without one as stale
+            self.store.optuna_storage().record_heartbeat(trial._trial_id)
+            key = claim_key(trial.number)
+            lk.add_claim(
+                key,
+                controller_id=self.controller_id,
+                trial_number=trial.number,
+                stage=stage,
+                lane=lane,
+            )
+            done = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING))
+        # heartbeats from now on: only once the claim (and on PostgreSQL the lock's
+        # transaction with it) has committed
+        if self.on_claim is not None:
+            self.on_claim(trial._trial_id)
+        return Claimed(trial, stage, engine_args, key, lane, done)
+
+    def finish(self, claimed: Claimed) -> None:
+        """The trial was told to Optuna: close its claim."""
+        self.fleet.release(self.name, claimed.key, "COMPLETE")
+        self.fleet.count_trial(self.controller_id)
+
+    def abandon(self, claimed: Claimed, why: str) -> str | None:
+        """The trial ended early (interrupt, crash): fail it in both stores and queue its
+        configuration again (once). Best effort: when the database is gone, the next start
+        of any controller finds the trial orphaned and does the same."""
+        try:
+
+            def run() -> str | None:
+                with self.fleet.locked(self.name):
+                    frozen = self.store.optuna_storage().get_trial(claimed.trial._trial_id)
+                    if frozen.state != TrialState.RUNNING:
+                        return None
+                    return self.recovery.fail(frozen, why)
+
+            return self.store.resilience.call(f"failing trial {claimed.trial.number}", run)
+        except Exception as exc:  # the original error matters more
+            log.warning("could not fail trial %d: %s", claimed.trial.number, exc)
+            return None

@@ -1,0 +1,377 @@
+"""Noise-aware comparison of re-measured configs (pure; docs/tuning.md#7-validation).
+
+The validation phase re-measures the study's top configs and the baseline on fresh workload
+samples with fresh jitter. Runs of one repeat share their workload sample, so each candidate
+gets one *paired* gain per repeat, ``100 * (figure / baseline figure - 1)``, and a Student
+t-interval of the mean paired gain. The per-pair standard deviation is floored (at one
+capacity-lattice step by default): capacities sit on the lattice, so paired differences can
+be exactly equal and a zero-width interval would claim certainty the lattice cannot give.
+
+The recommendation is the candidate with the best lower bound among those whose SLOs held in
+every repeat; when that bound is <= 0 no candidate beats the baseline beyond noise, and the
+verdict is "keep". The latency and error SLOs must hold in every repeat; the over-length
+limit is judged on a config's repeats together (requests cut over requests sent), because
+how many requests ``max_model_len`` cuts depends on the lengths drawn, not on load or noise,
+and the pooled rate estimates it better than any one sample does.
+
+Figures per mode (higher is better): ``slo-capacity`` the SLO capacity (load scale),
+``offline`` output throughput, ``fixed-rate`` the worst SLO margin's headroom
+``1 / worst_slo_margin`` (so a gain of +25 % means the worst p99 sits 20 % further below its
+SLO than the baseline's).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from autotune.config import StudyConfig
+from autotune.store.records import RepeatRecord
+
+__all__ = [
+    "FIGURE_NAMES",
+    "CandidateSummary",
+    "Interval",
+    "Run",
+    "ValidationSummary",
+    "Verdict",
+    "figure_of",
+    "paired_interval",
+    "summarize",
+    "summary_of",
+    "t_quantile",
+    "t_two_sided",
+]
+
+FIGURE_NAMES = {
+    "slo-capacity": "SLO capacity",
+    "offline": "throughput",
+    "fixed-rate": "worst SLO margin",
+}
+
+# recommend: a candidate beats the baseline beyond noise; keep: none does;
+# no-baseline: the baseline met its SLOs in no repeat (or broke the over-length limit), so
+# there is no gain to give
+Verdict = Literal["recommend", "keep", "no-baseline"]
+
+
+def t_two_sided(t: float, df: int) -> float:
+    """P(-t < T < t) for Student's t with ``df`` (>= 1, integer) degrees of freedom: the
+    finite series of Abramowitz & Stegun 26.7.3-4, exact for integer ``df``."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if t <= 0:
+        return 0.0
+    theta = math.atan(t / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return min(1.0, s * total)
+    if df == 1:
+        return 2.0 * theta / math.pi
+    term = math.cos(theta)
+    total = term
+    for k in range(1, (df - 1) // 2):
+        term *= c2 * (2 * k) / (2 * k + 1)
+        total += term
+    return min(1.0, 2.0 / math.pi * (theta + s * total))
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """The t with ``P(-t < T < t) = confidence`` (e.g. 4.303 for 95 % and 2 df)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    lo, hi = 0.0, 1.0
+    while t_two_sided(hi, df) < confidence:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_two_sided(mid, df) < confidence:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A t-interval of the mean paired gain (percent). With fewer than two pairs it is
+    unbounded (``low = -inf``, ``high = +inf``): one run says nothing about noise."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    confidence: float
+    sd: float  # the sample standard deviation of the paired gains (0 for one pair)
+    sd_used: float  # after the floor
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("low", "high"):
+            if not math.isfinite(d[k]):
+                d[k] = None  # JSON has no infinity
+        return d
+
+
+def paired_interval(gains: Sequence[float], confidence: float, sd_floor: float) -> Interval:
+    """The t-interval of the mean of ``gains`` at ``confidence``, its standard deviation
+    floored at ``sd_floor`` (> 0) so that it never has zero width."""
+    if not gains:
+        raise ValueError("no paired gains")
+    if not sd_floor > 0:
+        raise ValueError(f"sd_floor must be > 0, got {sd_floor}")
+    n = len(gains)
+    mean = statistics.fmean(gains)
+    if n < 2:
+        return Interval(mean, -math.inf, math.inf, n, confidence, 0.0, sd_floor)
+    sd = statistics.stdev(gains)
+    used = max(sd, sd_floor)
+    half = t_quantile(confidence, n - 1) * used / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, confidence, sd, used)
+
+
+def figure_of(
+    mode: str,
+    *,
+    capacity_scale: float | None,
+    objective: float | None,
+    worst_margin: float | None,
+) -> float | None:
+    """A run's figure for the mode's gain (higher is better); None when it has none."""
+    if mode == "slo-capacity":
+        return capacity_scale if capacity_scale is not None and capacity_scale > 0 else None
+    if mode == "offline":
+        return objective if objective is not None and objective > 0 else None
+    if worst_margin is None or not worst_margin > 0 or not math.isfinite(worst_margin):
+        return None
+    return 1.0 / worst_margin
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished validation run, as the decision needs it."""
+
+    repeat: int
+    trial_number: int
+    baseline: bool
+    slo_held: bool  # the latency and error SLOs (over-length is judged pooled)
+    figure: float | None  # figure_of(...); None when the SLOs did not hold or it failed
+    overlength_rate: float | None = None  # of ``requests`` (None: nothing was sent)
+    requests: int = 0
+
+
+@dataclass(frozen=True)
+class CandidateSummary:
+    trial_number: int
+    runs: int  # finished runs
+    slo_held: int  # of which the SLOs held
+    mean_figure: float | None
+    interval: Interval | None  # None: no repeat where both it and the baseline held
+    overlength_rate: float | None = None  # pooled over its runs
+    overlength_ok: bool = True  # the pooled rate is within the limit
+
+    @property
+    def eligible(self) -> bool:
+        """Its SLOs held in every repeat (over-length: pooled)."""
+        return self.runs > 0 and self.slo_held == self.runs and self.overlength_ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trial_number": self.trial_number,
+            "runs": self.runs,
+            "slo_held": self.slo_held,
+            "overlength_rate": self.overlength_rate,
+            "overlength_ok": self.overlength_ok,
+            "eligible": self.eligible,
+            "mean_figure": self.mean_figure,
+            "interval": self.interval.to_dict() if self.interval is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    mode: str
+    figure: str  # FIGURE_NAMES[mode]
+    confidence: float
+    repeats: int  # planned repeats per config
+    runs_done: int
+    runs_planned: int
+    baseline_trial: int
+    baseline_held: int  # repeats in which the baseline met its latency and error SLOs
+    baseline_overlength_rate: float | None
+    baseline_overlength_ok: bool
+    max_overlength_rate: float
+    candidates: tuple[CandidateSummary, ...]
+    verdict: Verdict | None  # None while runs are missing
+    chosen: int | None  # the recommended trial (None: keep, or incomplete)
+    best: int | None  # the candidate with the best lower bound: the interval reported
+
+    @property
+    def complete(self) -> bool:
+        return self.runs_done >= self.runs_planned
+
+    def candidate(self, trial_number: int | None) -> CandidateSummary | None:
+        return next((c for c in self.candidates if c.trial_number == trial_number), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "candidates"}
+        d["candidates"] = [c.to_dict() for c in self.candidates]
+        d["complete"] = self.complete
+        return d
+
+
+def _rank(c: CandidateSummary) -> tuple[float, float, float]:
+    iv = c.interval
+    return (
+        iv.low if iv is not None else -math.inf,
+        iv.mean if iv is not None else -math.inf,
+        c.mean_figure if c.mean_figure is not None else -math.inf,
+    )
+
+
+def _pooled(runs: Sequence[Run]) -> float | None:
+    sent = sum(r.requests for r in runs if r.overlength_rate is not None)
+    if sent == 0:
+        return None
+    cut = sum(r.overlength_rate * r.requests for r in runs if r.overlength_rate is not None)
+    return cut / sent
+
+
+def summarize(
+    runs: Sequence[Run],
+    *,
+    mode: str,
+    baseline_trial: int,
+    repeats: int,
+    runs_planned: int,
+    confidence: float,
+    sd_floor: float,
+    max_overlength_rate: float,
+) -> ValidationSummary:
+    """Per-candidate paired intervals and the verdict. Pairs are formed per repeat from the
+    runs where both the candidate and the baseline met their SLOs; a candidate whose SLOs
+    failed in any repeat (over-length: over all its repeats) is not recommended."""
+    limit = max_overlength_rate + 1e-12
+
+    def ok(rate: float | None) -> bool:
+        return rate is None or rate <= limit
+
+    base_runs = [r for r in runs if r.baseline]
+    base_ol = _pooled(base_runs)
+    base: Mapping[int, float | None] = {
+        r.repeat: r.figure if r.slo_held else None for r in base_runs
+    }
+    base_held = sum(1 for r in base_runs if r.slo_held and r.figure is not None)
+    by: dict[int, list[Run]] = {}
+    for r in runs:
+        if not r.baseline:
+            by.setdefault(r.trial_number, []).append(r)
+    cands = []
+    for number, rs in by.items():
+        gains = []
+        for r in rs:
+            b = base.get(r.repeat)
+            if r.slo_held and r.figure is not None and b is not None and b > 0:
+                gains.append(100.0 * (r.figure / b - 1.0))
+        figs = [r.figure for r in rs if r.slo_held and r.figure is not None]
+        ol = _pooled(rs)
+        cands.append(
+            CandidateSummary(
+                number,
+                len(rs),
+                sum(1 for r in rs if r.slo_held),
+                statistics.fmean(figs) if figs else None,
+                paired_interval(gains, confidence, sd_floor) if gains else None,
+                ol,
+                ok(ol),
+            )
+        )
+    cands.sort(key=lambda c: c.trial_number)
+    done = len(runs)
+    verdict: Verdict | None = None
+    chosen: int | None = None
+    ranked = sorted(cands, key=_rank, reverse=True)
+    eligible = [c for c in ranked if c.eligible]
+    best = (eligible or ranked)[0].trial_number if ranked else None
+    if done >= runs_planned and eligible:
+        top = eligible[0]
+        if base_held == 0 or not ok(base_ol):
+            # the baseline is infeasible: nothing to compare with, any eligible config is
+            # better; the one that ranks first (or, without pairs, served the most)
+            if top.interval is None:
+                top = max(eligible, key=lambda c: c.mean_figure or 0.0)
+            verdict, chosen, best = "no-baseline", top.trial_number, top.trial_number
+        elif top.interval is not None and top.interval.low > 0:
+            verdict, chosen = "recommend", top.trial_number
+        else:
+            verdict = "keep"
+    elif done >= runs_planned:
+        verdict = "keep"  # no candidate held its SLOs in every repeat
+    return ValidationSummary(
+        mode=mode,
+        figure=FIGURE_NAMES.get(mode, mode),
+        confidence=confidence,
+        repeats=repeats,
+        runs_done=done,
+        runs_planned=runs_planned,
+        baseline_trial=baseline_trial,
+        baseline_held=base_held,
+        baseline_overlength_rate=base_ol,
+        baseline_overlength_ok=ok(base_ol),
+        max_overlength_rate=max_overlength_rate,
+        candidates=tuple(cands),
+        verdict=verdict,
+        chosen=chosen,
+        best=best,
+    )
+
+
+def summary_of(cfg: StudyConfig, repeats: Sequence[RepeatRecord]) -> ValidationSummary | None:
+    """The paired intervals and verdict of a study's stored runs (None: no plan)."""
+    if not repeats:
+        return None
+    base = next((r.trial_number for r in repeats if r.role == "baseline"), -1)
+    runs = [
+        Run(
+            r.repeat_index,
+            r.trial_number,
+            r.role == "baseline",
+            bool(r.slo_held),
+            figure_of(
+                cfg.mode,
+                capacity_scale=r.capacity_scale,
+                objective=r.objective,
+                worst_margin=r.worst_margin,
+            )
+            if r.slo_held
+            else None,
+            r.overlength_rate,
+            r.requests,
+        )
+        for r in repeats
+        if r.state == "COMPLETE"
+    ]
+    v = cfg.strategy.validate_
+    return summarize(
+        runs,
+        mode=cfg.mode,
+        baseline_trial=base,
+        repeats=max(r.repeat_index for r in repeats) + 1,
+        runs_planned=len(repeats),
+        confidence=v.confidence,
+        # one capacity-lattice step, in percent: the finest gain the protocol resolves
+        sd_floor=100.0 * cfg.strategy.capacity_resolution,
+        max_overlength_rate=cfg.slo.max_overlength_rate,
+    )

@@ -1,0 +1,123 @@
+"""Measure one configuration outside a study, in-process, with the trials' own protocol or a
+stricter one (docs/tuning.md#5-re-measurement-and-ground-truth).
+
+``GROUND_TRUTH`` is the protocol the tuning-quality benchmark scores recommendations with:
+the simulator's jitter off, capacity resolution 0.5 %, no hint, the study's workload sample.
+Its resolution is exactly half a default step, ``sqrt(1.01) - 1`` (0.4988 %), so every point of
+a study's default 1 % lattice is also a ground-truth point: the two protocols' lattices do not
+drift apart, and the only rounding between them is half a study step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import StudyConfig
+from autotune.errors import SimStartupError
+from autotune.sim.hardware import get_hardware
+from autotune.sim.models import ModelProfile, get_model, load_model_config
+from autotune.tuning.capacity import CapacityResult, Lattice
+from autotune.tuning.early_stop import rule_of
+from autotune.tuning.runners import VirtualRunner, capacity_search
+from autotune.tuning.scoring import Slo, score_level
+from autotune.workload.build import build_workload
+from autotune.workload.core import Workload
+
+__all__ = ["GROUND_TRUTH", "Measurement", "Protocol", "measure_config", "study_protocol"]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    resolution: float
+    jitter_cv: float
+    max_levels: int = 40
+
+
+GROUND_TRUTH = Protocol(resolution=math.sqrt(1.01) - 1.0, jitter_cv=0.0)
+
+
+def study_protocol(cfg: StudyConfig) -> Protocol:
+    """The protocol a study's own trials use."""
+    return Protocol(cfg.strategy.capacity_resolution, cfg.worker.jitter_cv)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    objective: float  # output tok/s at capacity (0: nothing feasible, or the worker failed)
+    capacity_scale: float | None
+    capacity_rps: float | None
+    capacity: CapacityResult | None
+    levels: int
+    failure: str | None = None
+
+
+def _model(cfg: StudyConfig) -> ModelProfile:
+    if cfg.model.config_json:
+        return load_model_config(cfg.model.config_json, name=cfg.model.name)
+    return get_model(cfg.model.name)
+
+
+async def measure_config(
+    cfg: StudyConfig,
+    engine_args: Mapping[str, Any],
+    protocol: Protocol = GROUND_TRUTH,
+    *,
+    workload: Workload | None = None,
+    seed: int | None = None,
+    hint: float | None = None,
+) -> Measurement:
+    """Output tok/s at the capacity of ``engine_args`` on the study's simulated GPU
+    (slo-capacity: the lattice search, without a hint unless given; other modes: one level at
+    1.0x)."""
+    model, hw = _model(cfg), get_hardware(cfg.hardware)
+    wl = workload or build_workload(cfg.workload, vocab_size=model.vocab_size)
+    runner = VirtualRunner(
+        model,
+        hw,
+        model_name=cfg.model.name,
+        static_args=cfg.worker.static_args,
+        seed=cfg.seed if seed is None else seed,
+        jitter_cv=protocol.jitter_cv,
+        warmup=cfg.workload.warmup,
+        early_stop=rule_of(cfg),  # verdicts, and so capacities, are those of full replays
+    )
+    try:
+        await runner.start(engine_args, "measure")
+    except SimStartupError as exc:
+        return Measurement(0.0, None, None, None, 0, str(exc.failure_class))
+    slo = Slo.of(cfg.slo)
+    try:
+        if cfg.mode != "slo-capacity":
+            out = await runner.run_level(wl, 1.0)
+            ls = score_level(
+                out.metrics,
+                slo,
+                latency_slos=cfg.mode != "offline",
+                preemption_constraint=cfg.telemetry.preemption_constraint,
+            )
+            obj = ls.output_throughput if ls.feasible else 0.0
+            return Measurement(obj, 1.0 if ls.feasible else None, out.offered_rate, None, 1)
+        st = cfg.strategy
+        lattice = Lattice(st.capacity_low, st.capacity_high, protocol.resolution)
+        res, levels = await capacity_search(
+            runner,
+            wl,
+            slo,
+            lattice,
+            max_levels=protocol.max_levels,
+            hint=hint,
+            preemption_constraint=cfg.telemetry.preemption_constraint,
+        )
+    finally:
+        await runner.stop()
+    at = [lv for lv in levels if lv.feasible and lv.scale == res.scale]
+    if not at or res.scale is None:
+        return Measurement(0.0, None, None, res, res.levels)
+    arr = wl.arrivals()
+    rps = None
+    if arr is not None and len(arr) > 1 and arr[-1] > 0:
+        rps = float(len(arr) / arr[-1] * res.scale)
+    return Measurement(at[0].output_throughput, res.scale, rps, res, res.levels)

@@ -1,0 +1,109 @@
+"""What ``autotune study status`` shows: who runs a study right now
+(docs/faults.md#8-autotune-study-status)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.store import Store
+from autotune.store.fleet import ControllerEntry
+from autotune.tuning.controller import _bounds_from_json, load_study_config
+from autotune.tuning.stages import SCREENING_ATTR, plan_lines
+from autotune.tuning.strategy import planned_total
+
+__all__ = ["RunningTrial", "StudyStatus", "study_plan", "study_status"]
+
+
+@dataclass(frozen=True)
+class RunningTrial:
+    number: int
+    stage: str
+    controller: str  # host:pid of the claiming controller
+    workers: str  # its live worker process groups
+    started: datetime | None
+    devices: str | None = None  # its worker's CUDA_VISIBLE_DEVICES (docs/parallel.md)
+
+
+@dataclass
+class StudyStatus:
+    controllers: list[ControllerEntry]
+    running: list[RunningTrial]
+    claims: int
+    open_claims: int
+    waiting: int
+    complete: int
+    failed: int
+    planned: int
+    retries: list[str] = field(default_factory=list)
+
+
+def study_status(store: Store, name: str) -> StudyStatus:
+    rec = store.get_study(name)
+    assert rec is not None, "check the study exists first"
+    fleet = store.fleet()
+    controllers = fleet.controllers(name)
+    by_id = {c.id: c for c in controllers}
+    claims = fleet.claims(name)
+    claim_of = {c.trial_number: c for c in claims if c.trial_number is not None}
+    workers = fleet.workers(name)
+    study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
+    trials = study.get_trials(deepcopy=False)
+    running: list[RunningTrial] = []
+    for t in trials:
+        if t.state != TrialState.RUNNING:
+            continue
+        claim = claim_of.get(t.number)
+        owner = by_id.get(claim.controller_id) if claim and claim.controller_id else None
+        groups = [
+            f"{w.pgid}@{w.host}"
+            for w in workers
+            if w.trial_name == f"trial-{t.number:04d}"
+            and (owner is None or w.controller_id == owner.id)
+        ]
+        running.append(
+            RunningTrial(
+                number=t.number,
+                stage=str(t.user_attrs.get("stage", "?")),
+                controller=f"{owner.host}:{owner.pid}" if owner else "(unclaimed)",
+                workers=", ".join(groups),
+                started=t.datetime_start,
+                devices=t.user_attrs.get("devices"),
+            )
+        )
+    retries = []
+    for t in trials:
+        history = t.system_attrs.get("retry_history") or []
+        if history:
+            retries.append(
+                f"trial {t.number} ({t.user_attrs.get('stage', '?')}) retries trial "
+                f"{history[-1]}: {t.state.name}"
+            )
+    cfg = load_study_config(rec)
+    bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+    return StudyStatus(
+        controllers=controllers,
+        running=running,
+        claims=len(claims),
+        open_claims=sum(1 for c in claims if c.released_at is None),
+        waiting=sum(1 for t in trials if t.state == TrialState.WAITING),
+        complete=sum(1 for t in trials if t.state == TrialState.COMPLETE),
+        failed=sum(1 for t in trials if t.state == TrialState.FAIL),
+        planned=planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), trials),
+        retries=retries,
+    )
+
+
+def study_plan(store: Store, name: str) -> list[str]:
+    """The study's plan as of now (docs/tuning.md#8-the-staged-plan): the candidates dropped
+    before any launch, and each stage's budget with the reason the baseline gave for it."""
+    rec = store.get_study(name)
+    assert rec is not None, "check the study exists first"
+    study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
+    cfg = load_study_config(rec)
+    bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+    screening = study.user_attrs.get(SCREENING_ATTR)
+    return plan_lines(study.get_trials(deepcopy=False), cfg.strategy, bounds, screening)

@@ -1,0 +1,340 @@
+"""The validation phase (docs/tuning.md#7-validation): after the search, re-measure the top
+configs and the baseline on fresh workload samples with fresh jitter, store every run in
+``autotune_repeats`` (never as Optuna trials, so trial counts and the dashboard stay the
+search's), and publish the summary that :mod:`autotune.tuning.interval` computes.
+
+Every run is one unit of work: a stored row (PENDING, RUNNING, COMPLETE) that starts a worker,
+measures one config on one repeat's workload sample with the trials' own protocol (the
+capacity lattice search in slo-capacity mode, one level otherwise), and stops the worker. The
+plan interleaves the configs: each repeat runs every config once, in an order rotated from
+repeat to repeat, so that drift over time hits every config alike. A run cut short (Ctrl-C)
+goes back to PENDING; the next ``study run`` runs what is pending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from autotune.config import StudyConfig
+from autotune.errors import StorageError, WorkerStartupError
+from autotune.store import RepeatRecord, Store, TrialRecord
+from autotune.tuning.capacity import Lattice
+from autotune.tuning.interval import ValidationSummary, summary_of
+from autotune.tuning.runners import HttpRunner, LevelOutcome, Runner, capacity_search
+from autotune.tuning.scoring import Slo, record_rank, score_level, worst_slo_margin
+from autotune.workload.build import sample_description, workload_sample
+from autotune.workload.core import Workload
+
+__all__ = [
+    "VALIDATION_ATTR",
+    "RunResult",
+    "ValidationOutcome",
+    "candidates_of",
+    "measure_run",
+    "plan_runs",
+    "repeat_seeds",
+    "run_validation",
+]
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[str, Mapping[str, Any]], None]
+# a runner for one validation run, given the run's jitter seed
+RunnerFactory = Callable[[int], Runner]
+
+# the Optuna study attribute holding the summary (the dashboard shows study attributes)
+VALIDATION_ATTR = "autotune.validation"
+_TAG = 0x76616C69  # "vali": keeps validation seeds apart from every other seed of a study
+_MASK = 0xFFFFFFFF
+
+
+@dataclass
+class ValidationOutcome:
+    runs: int  # runs this call made
+    stopped_by: str | None  # "timeout" when the run's time ran out first
+    summary: ValidationSummary | None  # None: validation off, or nothing to compare
+
+
+@dataclass
+class RunResult:
+    slo_held: bool
+    capacity_scale: float | None = None
+    objective: float | None = None
+    worst_margin: float | None = None
+    p99_ttft_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    overlength_rate: float | None = None
+    requests: int = 0
+    levels: int = 0
+    failure_class: str | None = None
+    violations: list[str] = field(default_factory=list)
+
+
+def repeat_seeds(cfg: StudyConfig, repeat: int) -> tuple[int, int]:
+    """(workload seed, jitter seed) of validation repeat ``repeat`` (0-based): fresh, and a
+    function of the study's seeds alone, so every controller plans the same samples."""
+    ss = np.random.SeedSequence([cfg.workload.seed & _MASK, cfg.seed & _MASK, _TAG, repeat])
+    a, b = ss.generate_state(2)
+    return int(a), int(b)
+
+
+def candidates_of(
+    trials: Sequence[TrialRecord],
+    top_k: int,
+    rank: Callable[[TrialRecord], tuple[float, float]] | None = None,
+) -> tuple[TrialRecord | None, list[TrialRecord]]:
+    """The baseline trial and the ``top_k`` best feasible other configs (by ``rank``, the
+    mode's ranking rule; default the in-study objective; distinct engine args, none equal to
+    the baseline's)."""
+    rank_of = rank or (lambda t: (t.objective or 0.0, 0.0))
+    done = [t for t in trials if t.state == "COMPLETE"]
+    base = next((t for t in done if t.stage == "baseline"), None)
+    seen: list[dict[str, Any]] = [base.engine_args] if base is not None else []
+    ranked = sorted(
+        (t for t in done if t is not base and t.feasible and t.objective),
+        key=lambda t: (tuple(-x for x in rank_of(t)), t.optuna_trial_number),
+    )
+    out: list[TrialRecord] = []
+    for t in ranked:
+        if t.engine_args in seen:
+            continue
+        seen.append(t.engine_args)
+        out.append(t)
+        if len(out) == top_k:
+            break
+    return base, out
+
+
+def plan_runs(
+    cfg: StudyConfig, baseline: TrialRecord, candidates: Sequence[TrialRecord]
+) -> list[RepeatRecord]:
+    """Every run of the phase, interleaved: repeat r runs the configs rotated by r."""
+    configs = [baseline, *candidates]
+    k = len(configs)
+    out = []
+    for r in range(cfg.strategy.validate_.repeats):
+        ws, js = repeat_seeds(cfg, r)
+        for pos in range(k):
+            t = configs[(pos + r) % k]
+            out.append(
+                RepeatRecord(
+                    study_name=t.study_name,
+                    repeat_index=r,
+                    position=pos,
+                    trial_number=t.optuna_trial_number,
+                    role="baseline" if t is baseline else "candidate",
+                    engine_args=dict(t.engine_args),
+                    sample=sample_description(cfg, ws),
+                    workload_seed=ws,
+                    jitter_seed=js,
+                )
+            )
+    return out
+
+
+def _lattice(cfg: StudyConfig) -> Lattice:
+    st = cfg.strategy
+    return Lattice(st.capacity_low, st.capacity_high, st.capacity_resolution)
+
+
+async def measure_run(
+    cfg: StudyConfig, runner: Runner, wl: Workload, engine_args: Mapping[str, Any], name: str
+) -> RunResult:
+    """One config on one workload sample with the trials' protocol, except that the
+    over-length limit is left to the pooled judgement (docs/tuning.md#7-validation): the
+    load search sees only the latency and error SLOs. Never raises for a worker failure
+    (the SLOs did not hold); stops the worker whatever happens."""
+    slo = Slo.of(cfg.slo)
+    loose = dataclasses.replace(slo, max_overlength_rate=1.0)
+    pre = cfg.telemetry.preemption_constraint
+    try:
+        await runner.start(engine_args, name)
+    except WorkerStartupError as exc:
+        fc = str(exc.failure_class)
+        await runner.stop()
+        return RunResult(False, failure_class=fc, violations=[f"worker failed: {fc}"])
+    try:
+        if cfg.mode == "slo-capacity":
+            return await _capacity_run(cfg, runner, wl, loose)
+        out = await runner.run_level(wl, 1.0)
+        dead = runner.failure()
+        m = out.metrics
+        ls = score_level(m, loose, latency_slos=cfg.mode != "offline", preemption_constraint=pre)
+        held = ls.feasible and dead is None
+        return RunResult(
+            held,
+            1.0 if held else None,
+            m.output_throughput,
+            worst_slo_margin(m, slo) if cfg.mode == "fixed-rate" else None,
+            m.p99_ttft_ms,
+            m.p99_tpot_ms,
+            m.overlength_rate if m.total else None,
+            m.total,
+            1,
+            str(dead.failure_class) if dead is not None else None,
+            ls.texts,
+        )
+    finally:
+        await runner.stop()
+
+
+async def _capacity_run(cfg: StudyConfig, runner: Runner, wl: Workload, loose: Slo) -> RunResult:
+    """The lattice search on one sample under ``loose`` (no over-length limit); the
+    over-length rate is read off its first level that ran to its end (it does not depend on
+    load)."""
+    rate: tuple[float | None, int] = (None, 0)
+    seen: list[LevelOutcome] = []
+    res, levels = await capacity_search(
+        runner,
+        wl,
+        loose,
+        _lattice(cfg),
+        max_levels=cfg.strategy.capacity_levels,
+        preemption_constraint=cfg.telemetry.preemption_constraint,
+        on_level=seen.append,
+    )
+    # a level that replayed to its end: a stopped one counts only the requests it finished
+    # (docs/tuning.md#10-early-stop-inside-a-level)
+    full = [o for o in seen if "early_stop" not in o.metrics.summary] or seen
+    if full and full[0].metrics.total:
+        rate = (full[0].metrics.overlength_rate, full[0].metrics.total)
+    dead = runner.failure()
+    at = [
+        lv
+        for lv in levels
+        if lv.feasible and res.scale is not None and math.isclose(lv.scale, res.scale, rel_tol=1e-9)
+    ]
+    if dead is None and at:
+        return RunResult(
+            True, res.scale, at[0].output_throughput, None, None, None, *rate, len(levels)
+        )
+    low = min(levels, key=lambda lv: lv.scale, default=None)
+    return RunResult(
+        False,
+        overlength_rate=rate[0],
+        requests=rate[1],
+        levels=len(levels),
+        failure_class=str(dead.failure_class) if dead is not None else None,
+        violations=low.texts if low is not None else [],
+    )
+
+
+def _plan(cfg: StudyConfig, store: Store, name: str) -> list[RepeatRecord]:
+    runs = store.repeats(name)
+    if runs:
+        return runs
+    slo = Slo.of(cfg.slo)
+    base, cands = candidates_of(
+        store.trials(name),
+        cfg.strategy.validate_.top_k,
+        lambda t: record_rank(cfg.mode, slo, t),
+    )
+    if base is None or not cands:
+        return []  # nothing to compare: the search's own answer stands
+    try:
+        store.add_repeats(plan_runs(cfg, base, cands))
+    except StorageError:
+        runs = store.repeats(name)
+        if not runs:
+            raise
+        return runs  # another controller of the study planned it first
+    return store.repeats(name)
+
+
+async def run_validation(
+    cfg: StudyConfig,
+    store: Store,
+    name: str,
+    *,
+    make_runner: RunnerFactory,
+    vocab_size: int,
+    deadline: float | None = None,
+    on_event: Emit | None = None,
+    publish: Callable[[dict[str, Any]], None] | None = None,
+) -> ValidationOutcome:
+    """Plan the phase (once per study), run its pending runs in order until done or
+    ``deadline`` (``time.monotonic()``), and ``publish`` the summary once complete."""
+    if not cfg.strategy.validate_.enabled:
+        return ValidationOutcome(0, None, None)
+    emit = on_event or (lambda _k, _d: None)
+    runs = _plan(cfg, store, name)
+    if not runs:
+        return ValidationOutcome(0, None, None)
+    pending = [r for r in runs if r.state == "PENDING"]
+    if pending:
+        emit("validation_start", {"planned": len(runs), "pending": len(pending)})
+    sample: tuple[int, Workload] | None = None
+    made, stopped = 0, None
+    for rec in pending:
+        assert rec.id is not None
+        if deadline is not None and time.monotonic() >= deadline:
+            stopped = "timeout"
+            break
+        if not store.claim_repeat(rec.id):
+            continue  # another controller of the study runs this one (claimed exactly once)
+        if sample is None or sample[0] != rec.workload_seed:
+            sample = (
+                rec.workload_seed,
+                workload_sample(cfg, rec.workload_seed, vocab_size=vocab_size)[0],
+            )
+        emit("validation_run_start", {"repeat": rec.repeat_index, "trial": rec.trial_number})
+        runner = make_runner(rec.jitter_seed)
+        if isinstance(runner, HttpRunner):
+            # the length guard protects the study's max_model_len sizing, which a fresh sample
+            # does not redo (its text lengths are the approximate ones)
+            runner.check_prepared = None
+        try:
+            res = await measure_run(
+                cfg,
+                runner,
+                sample[1],
+                rec.engine_args,
+                f"validate-{rec.repeat_index}-{rec.trial_number:04d}",
+            )
+        except BaseException:
+            store.update_repeat(rec.id, state="PENDING", started_at=None)
+            raise
+        store.update_repeat(
+            rec.id,
+            state="COMPLETE",
+            finished_at=datetime.now(UTC),
+            slo_held=res.slo_held,
+            capacity_scale=res.capacity_scale,
+            objective=res.objective,
+            worst_margin=res.worst_margin,
+            p99_ttft_ms=res.p99_ttft_ms,
+            p99_tpot_ms=res.p99_tpot_ms,
+            overlength_rate=res.overlength_rate,
+            requests=res.requests,
+            levels=res.levels,
+            failure_class=res.failure_class,
+            violations=res.violations,
+        )
+        made += 1
+        emit(
+            "validation_run_done",
+            {
+                "repeat": rec.repeat_index,
+                "trial": rec.trial_number,
+                "role": rec.role,
+                "done": len(runs) - len(pending) + made,
+                "planned": len(runs),
+                "result": res,
+                "mode": cfg.mode,
+            },
+        )
+    summary = summary_of(cfg, store.repeats(name))
+    if summary is not None and summary.complete:
+        if publish is not None:
+            publish(summary.to_dict())
+        emit("validation_done", {"summary": summary})
+    return ValidationOutcome(made, stopped, summary)

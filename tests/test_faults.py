@@ -1,0 +1,420 @@
+"""Fault injection (docs/faults.md): real ``autotune study run`` processes with ``sim``
+workers on a private PostgreSQL cluster (tests/pgcluster.py; the shared server is never
+touched), killed, terminated, interrupted and cut off from their database. Each test checks
+that the study still runs exactly its plan, and adds a row to the fault ledger
+(tests/ledger.py), printed at the end of the session:
+
+    python -m pytest -m faults tests/test_faults.py
+
+Heartbeats are short here (1 s, grace 10 s: on two busy cores a shorter grace would fail
+live trials) and the outage tolerance is below the grace, as the config demands.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psycopg
+import pytest
+import yaml
+from conftest import need_service
+from ledger import ROWS, LedgerRow, StudyFigures, study_figures, worker_pids
+from pgcluster import PgCluster, start_cluster
+
+from autotune.config import parse_config
+from autotune.errors import ConfigError
+from autotune.report.recommend import recommend
+from autotune.store import Store
+from autotune.tuning.controller import _bounds_from_json, create_study, run_study
+from autotune.tuning.strategy import planned_total, stage_params
+
+pytestmark = pytest.mark.faults
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+CONTROLLER = {"heartbeat_interval_s": 1, "grace_period_s": 10, "db_outage_tolerance_s": 6}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PgCluster]:
+    got = start_cluster()
+    need_service("a private PostgreSQL cluster", not isinstance(got, str), str(got))
+    assert isinstance(got, PgCluster)
+    try:
+        yield got
+        # every controller has exited and every store of this module is closed: a
+        # connection still open is a leak
+        with psycopg.connect(got._libpq(), autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT datname, application_name FROM pg_stat_activity "
+                "WHERE datname LIKE 'faults_%' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert left == [], f"connections left open: {left}"
+    finally:
+        got.destroy()
+
+
+def fresh_database(cluster: PgCluster) -> str:
+    db = cluster.create_database(f"faults_{secrets.token_hex(4)}")
+    Store.open(db, upgrade=True).close()
+    return db
+
+
+@pytest.fixture
+def url(cluster: PgCluster) -> str:
+    return fresh_database(cluster)
+
+
+def sim_study(tmp: Path, name: str, **over: Any) -> dict[str, Any]:
+    """A study of ``sim`` worker processes: one load level per trial, a few seconds each."""
+    d: dict[str, Any] = {
+        "name": name,
+        "model": {"name": MODEL},
+        "hardware": "A100-80GB",
+        "worker": {"kind": "sim", "time_scale": 10.0, "workdir": str(tmp / "w")},
+        "workload": {
+            "source": "synthetic",
+            "num_prompts": 40,
+            "input_len": 256,
+            "output_len": 64,
+            "arrival": "poisson",
+            "rate": 8,
+            "seed": 0,
+        },
+        # generous: on busy cores the HTTP replay's latencies vary, and these studies are
+        # about faults, not about which configuration wins
+        "slo": {"p99_ttft_ms": 30000, "p99_tpot_ms": 500},
+        "mode": "fixed-rate",
+        "strategy": {"name": "joint", "n_trials": 2},
+        "controller": CONTROLLER,
+    }
+    d.update(over)
+    return d
+
+
+def create(url: str, d: dict[str, Any]) -> int:
+    """Store the study; returns its planned trial count."""
+    text = yaml.safe_dump(d)
+    cfg = parse_config(text, "faults.yaml")
+    with Store.open(url) as store:
+        create_study(cfg, text, store)
+        study = optuna.load_study(study_name=cfg.name, storage=store.optuna_storage())
+        bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+    return planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue))
+
+
+def controller(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "autotune.cli", "study", "run", name, "--storage", url],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for(what: str, pred: Callable[[], bool], timeout_s: float, every_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(every_s)
+
+
+def worker_running(url: str, name: str, trial_name: str) -> Callable[[], bool]:
+    store = Store.open(url)
+
+    def check() -> bool:
+        return any(w.trial_name == trial_name for w in store.fleet().workers(name))
+
+    check.store = store  # type: ignore[attr-defined]  (closed by the caller)
+    return check
+
+
+def wait_worker(url: str, name: str, trial_name: str, timeout_s: float = 90) -> None:
+    check = worker_running(url, name, trial_name)
+    try:
+        wait_for(f"the worker of {trial_name}", check, timeout_s)
+    finally:
+        check.store.close()  # type: ignore[attr-defined]
+
+
+def orphans_after(pids: list[int], limit_s: float) -> int:
+    """How many of ``pids`` still run ``limit_s`` seconds from now (sooner when none)."""
+    deadline = time.monotonic() + limit_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _alive(p)]
+    return len(alive)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def recover_s(url: str, name: str, fault_at: datetime) -> float | None:
+    """Seconds from the fault until the study started a trial again."""
+    with Store.open(url) as store:
+        later = [
+            r.started_at
+            for r in store.trials(name, with_levels=False)
+            if r.started_at is not None and r.started_at > fault_at
+        ]
+    return (min(later) - fault_at).total_seconds() if later else None
+
+
+def stage_names(d: dict[str, Any], url: str) -> list[str]:
+    with Store.open(url) as store:
+        study = optuna.load_study(study_name=d["name"], storage=store.optuna_storage())
+        bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+    names = ["max_num_batched_tokens" if p.endswith("_frac") else p for p in stage_params(bounds)]
+    return ["baseline", *names, "joint"]
+
+
+def check_and_log(
+    fault: str,
+    fig: StudyFigures,
+    *,
+    orphans: int,
+    recover: float | None,
+    note: str = "",
+) -> None:
+    ROWS.append(
+        LedgerRow(
+            fault, fig.lost, fig.duplicates, orphans, recover, fig.idle_s, fig.disagreements, note
+        )
+    )
+    assert (fig.complete, fig.lost, fig.duplicates, fig.disagreements) == (fig.planned, 0, 0, 0), (
+        fig
+    )
+    assert orphans == 0
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
+
+
+def kill_mid_trial(cluster: PgCluster, tmp: Path, sig: signal.Signals) -> None:
+    """Kill (SIGKILL) or terminate (SIGTERM) a controller while its baseline's worker runs,
+    then start another: the worker is gone, the trial runs again once, the plan completes."""
+    url = fresh_database(cluster)
+    d = sim_study(tmp, "kill", strategy={"name": "joint", "n_trials": 1})
+    planned = create(url, d)
+    log = tmp / "controller.log"
+    first = controller(url, "kill", log)
+    wait_worker(url, "kill", "trial-0000")  # the baseline's worker is up: mid-trial
+    old = worker_pids(str(tmp / "w"))
+    assert old, "the worker process should be visible"
+    fault_at = datetime.now(UTC)
+    first.send_signal(sig)
+    rc = first.wait(timeout=60)
+    assert rc == (-9 if sig == signal.SIGKILL else 128 + signal.SIGTERM), _tail(log)
+    if sig == signal.SIGTERM:  # stopped as Ctrl-C stops a run: failed in both stores
+        with Store.open(url) as store:
+            assert [r.state for r in store.trials("kill")] == ["FAIL"]
+    second = controller(url, "kill", log)
+    orphans = orphans_after(old, 10.0)  # within 10 s of the restart
+    assert second.wait(timeout=180) == 0, _tail(log)
+    fig = study_figures(url, "kill", planned, stage_names(d, url))
+    assert fig.retries == 1, _tail(log)
+    with Store.open(url) as store:
+        rows = store.trials("kill")
+        workers = store.fleet().workers("kill", states=None)
+        claims = store.fleet().claims("kill")
+    assert [(r.stage, r.state) for r in rows] == [("baseline", "FAIL"), ("baseline", "COMPLETE")]
+    assert rows[0].engine_args == rows[1].engine_args
+    # every worker group recorded and closed (the killed one's by the watchdog or the
+    # reaper), every trial's temp folder removed, every claim released with its outcome
+    assert [w.trial_name for w in workers] == ["trial-0000", "trial-0001"]
+    assert all(w.state in ("stopped", "reaped") and w.proc_start for w in workers), workers
+    assert not any(w.tmpdir and Path(w.tmpdir).exists() for w in workers), workers
+    assert [(c.key, c.outcome) for c in claims] == [("trial:0", "FAIL"), ("trial:1", "COMPLETE")]
+    name = "kill -9" if sig == signal.SIGKILL else "SIGTERM"
+    check_and_log(
+        f"{name} of the controller mid-trial, then restart",
+        fig,
+        orphans=orphans,
+        recover=recover_s(url, "kill", fault_at),
+        note="trial retried once",
+    )
+
+
+def ctrl_c_during_the_baseline(cluster: PgCluster, tmp: Path) -> None:
+    """Ctrl-C (SIGINT) during the baseline, then resume: the baseline runs again."""
+    url = fresh_database(cluster)
+    d = sim_study(tmp, "ctrlc", strategy={"name": "joint", "n_trials": 1})
+    planned = create(url, d)
+    log = tmp / "controller.log"
+    run = controller(url, "ctrlc", log)
+    wait_worker(url, "ctrlc", "trial-0000")
+    old = worker_pids(str(tmp / "w"))
+    fault_at = datetime.now(UTC)
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=60) == 130, _tail(log)
+    orphans = orphans_after(old, 10.0)
+    with Store.open(url) as store:
+        report = run_study("ctrlc", store)
+        trials = store.trials("ctrlc")
+        best = recommend(parse_config(yaml.safe_dump(d), "faults.yaml"), trials)
+    assert report.stopped_by == "plan complete"
+    assert [(t.stage, t.state) for t in trials[:2]] == [
+        ("baseline", "FAIL"),
+        ("baseline", "COMPLETE"),
+    ]
+    # a gain over the baseline can be stated (the baseline is feasible in this study)
+    assert best is not None and best.baseline is not None and best.gain_pct is not None
+    fig = study_figures(url, "ctrlc", planned, stage_names(d, url))
+    check_and_log(
+        "Ctrl-C during the baseline, then resume",
+        fig,
+        orphans=orphans,
+        recover=recover_s(url, "ctrlc", fault_at),
+        note="the baseline ran again",
+    )
+
+
+@pytest.mark.config_field("strategy.n_trials")
+def test_four_controllers_run_exactly_the_plan_each_configuration_once_in_stage_order(
+    url: str, tmp_path: Path
+) -> None:
+    """Four controllers share one staged study: exactly the plan, each configuration once
+    (the baseline, an enqueued config, the categorical max_model_len choices), stage order
+    kept, the waits counted as idle time."""
+    d = sim_study(
+        tmp_path,
+        "four",
+        worker={"kind": "sim-virtual"},
+        strategy={
+            "name": "staged",
+            "trials_per_stage": 2,
+            "joint_refinement": 0,
+            "n_trials": 14,
+        },
+        enqueue=[{"max_num_seqs": 64}],
+    )
+    planned = create(url, d)
+    log = tmp_path / "controllers.log"
+    procs = [controller(url, "four", log) for _ in range(4)]
+    codes = [p.wait(timeout=240) for p in procs]
+    assert codes == [0, 0, 0, 0], _tail(log)
+    fig = study_figures(url, "four", planned, stage_names(d, url))
+    assert fig.stage_order_kept, _tail(log)
+    with Store.open(url) as store:
+        runs = store.fleet().controllers("four")
+    assert len(runs) == 4 and sum(c.trials_run for c in runs) == planned
+    check_and_log(
+        "4 controllers share one study",
+        fig,
+        orphans=0,
+        recover=None,
+        note=f"{planned} trials planned, {fig.complete} run; stage order kept",
+    )
+
+
+@pytest.mark.config_field("enqueue")
+def test_controllers_killed_terminated_or_interrupted_mid_trial_leave_nothing_behind(
+    cluster: PgCluster, tmp_path: Path
+) -> None:
+    """Three independent studies at once (each waits mostly on its processes starting):
+    SIGKILL and SIGTERM of a controller mid-trial, Ctrl-C during the baseline."""
+    jobs = {
+        "SIGKILL": lambda: kill_mid_trial(cluster, tmp_path / "sigkill", signal.SIGKILL),
+        "SIGTERM": lambda: kill_mid_trial(cluster, tmp_path / "sigterm", signal.SIGTERM),
+        "SIGINT": lambda: ctrl_c_during_the_baseline(cluster, tmp_path / "sigint"),
+    }
+    for sub in ("sigkill", "sigterm", "sigint"):
+        (tmp_path / sub).mkdir()
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+    failures = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
+    for name, exc in failures.items():
+        raise AssertionError(f"{name}: {exc}") from exc
+
+
+@pytest.mark.config_field("controller.db_outage_tolerance_s")
+def test_postgres_restarts_are_ridden_out_and_a_longer_outage_stops_the_run_cleanly(
+    cluster: PgCluster, url: str, tmp_path: Path
+) -> None:
+    d = sim_study(tmp_path, "pg", strategy={"name": "joint", "n_trials": 2})
+    planned = create(url, d)
+    log = tmp_path / "controller.log"
+    run = controller(url, "pg", log)
+    wait_worker(url, "pg", "trial-0000")
+    restart_at = datetime.now(UTC)
+    down = cluster.restart(3.0)  # shorter than the 6 s tolerance: ridden out
+    with Store.open(url) as store:
+        # recovered: the controller's heartbeats land again, and it goes on to its next trial
+        wait_for("a heartbeat after the restart", lambda: beat_since(store, "pg", restart_at), 30)
+        back_s = (datetime.now(UTC) - restart_at).total_seconds()
+    wait_worker(url, "pg", "trial-0001")
+    assert run.poll() is None, _tail(log)
+    # down until the controller gives up: longer than its tolerance wherever its next
+    # database call falls
+    stop_at = datetime.now(UTC)
+    cluster.stop()
+    rc = run.wait(timeout=90)
+    stopped_s = (datetime.now(UTC) - stop_at).total_seconds()
+    cluster.start()
+    out = _tail(log)
+    assert rc == 5, out
+    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "lost the study database at postgresql" in errors[0], out
+    assert "longer than the outage tolerance (6 s" in errors[0], out
+    resumed = controller(url, "pg", log)
+    assert resumed.wait(timeout=180) == 0, _tail(log)
+    fig = study_figures(url, "pg", planned, stage_names(d, url))
+    check_and_log(
+        f"Postgres restarted mid-study ({down:.0f} s unreachable)",
+        fig,
+        orphans=0,
+        recover=back_s,
+        note="ridden out: the controller went on (recovery: until its heartbeat landed)",
+    )
+    check_and_log(
+        f"Postgres stopped {stopped_s:.0f} s (over the 6 s tolerance), then a restart",
+        fig,
+        orphans=orphans_after(worker_pids(str(tmp_path / "w")), 0.0),
+        recover=recover_s(url, "pg", stop_at),
+        note="exit 5, one line naming the database; nothing half-written",
+    )
+
+
+def beat_since(store: Store, name: str, since: datetime) -> bool:
+    try:
+        return any(c.heartbeat_at > since for c in store.fleet().controllers(name))
+    except Exception:  # the server is still starting
+        return False
+
+
+def test_an_enqueued_value_outside_the_space_is_refused_at_create(url: str, tmp_path: Path) -> None:
+    d = sim_study(tmp_path, "space", enqueue=[{"max_model_len": 200000}])
+    with pytest.raises(ConfigError, match=r"enqueue\[0\]\.max_model_len: 200000 is not in the"):
+        create(url, d)
+    with Store.open(url) as store:
+        assert store.get_study("space") is None
+        assert optuna.study.get_all_study_names(storage=store.optuna_storage()) == []
+    ROWS.append(
+        LedgerRow(
+            "enqueue: max_model_len outside the candidates",
+            0,
+            0,
+            0,
+            None,
+            0.0,
+            0,
+            "refused at create with one line; nothing stored",
+        )
+    )

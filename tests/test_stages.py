@@ -1,0 +1,241 @@
+"""The staged plan (issue 12): over-length screening before any launch, the memory stage
+decided by the baseline's telemetry, the line search of a numeric stage, the fixed-rate
+ranking rule and independent sampler seeds. Pure logic on tiny inputs, then two studies on
+sim-virtual."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+from test_study import config
+
+from autotune.config import StrategyConfig
+from autotune.errors import ConfigError
+from autotune.store import Store
+from autotune.tuning.controller import _sampler_seed, create_study, run_study
+from autotune.tuning.linesearch import next_on_line
+from autotune.tuning.plan import overlength_rate, screen_max_model_len
+from autotune.tuning.scoring import Slo, trial_rank
+from autotune.tuning.space import PARAM_ORDER, SpaceBounds
+from autotune.tuning.stages import KV_NOT_BOTTLENECK, memory_evidence, stage_param, stage_plan
+from autotune.tuning.status import study_plan
+
+# -- over-length screening --------------------------------------------------------------------
+
+
+def test_overlength_rate_counts_refused_and_cut_requests() -> None:
+    prompt, output = [100, 200, 300, 400], [50, 50, 50, 50]
+    # 300: the 300-token prompt is refused (it reaches max_model_len), 400 too; 200+50 > 249
+    assert overlength_rate(300, prompt, output) == 0.5
+    assert overlength_rate(249, prompt, output) == 0.75
+    assert overlength_rate(450, prompt, output) == 0.0
+    assert overlength_rate(449, prompt, output) == 0.25
+
+
+def test_screening_drops_candidates_over_the_limit_and_says_why() -> None:
+    prompt = [1000] * 95 + [3000] * 5
+    output = [100] * 100
+    s = screen_max_model_len((1280, 2048, 3328), prompt, output, limit=0.01)
+    assert s.kept == (3328,) and s.dropped == (1280, 2048)
+    assert s.rates[2048] == pytest.approx(0.05)
+    d = s.to_dict()["dropped"]
+    assert d[0]["max_model_len"] == 1280 and "do not fit" in d[0]["why"]
+    with pytest.raises(ConfigError, match=r"search\.max_model_len.*3100"):
+        screen_max_model_len((1280, 2048), prompt, output, limit=0.01)
+
+
+def test_candidates_that_break_the_overlength_limit_are_never_launched(tmp_path: Path) -> None:
+    cfg, text = config(
+        search={"max_model_len": {"candidates": [640, 1024, 4096]}},
+        strategy={"n_trials": 4, "trials_per_stage": 1, "capacity_levels": 3},
+    )
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        create_study(cfg, text, store)
+        plan = study_plan(store, "t")
+        run_study("t", store)
+        launched = {t.engine_args["max_model_len"] for t in store.trials("t")}
+    lens = [r for r in plan if "dropped before any launch" in r]
+    dropped = [int(r.split()[1]) for r in lens]
+    assert dropped and not launched & set(dropped)
+    assert launched <= {640, 1024, 4096} - set(dropped)
+
+
+# -- the memory stage ---------------------------------------------------------------------------
+
+
+def _trial(number: int, attrs: dict[str, Any], value: float = 100.0) -> optuna.trial.FrozenTrial:
+    t = create_trial(
+        params={"gpu_memory_utilization": 0.9},
+        distributions={"gpu_memory_utilization": FloatDistribution(0.8, 0.95, step=0.01)},
+        value=value,
+        user_attrs=attrs,
+        state=TrialState.COMPLETE,
+    )
+    t.number = number
+    return t
+
+
+B = SpaceBounds(max_model_len_candidates=(2048, 4096))
+ST = StrategyConfig(trials_per_stage=4, joint_refinement=3, n_trials=30)
+
+
+def _plan(attrs: dict[str, Any]) -> list[Any]:
+    base = _trial(0, {"label": "baseline", "stage": "baseline", **attrs})
+    return stage_plan([base], ST, B)
+
+
+def _budgets(attrs: dict[str, Any]) -> dict[str, int]:
+    return {s.name: s.budget for s in _plan(attrs)}
+
+
+@given(
+    kv=st.floats(0.0, 1.0),
+    pre=st.sampled_from([0.0, 1.0, 40.0]),
+    kind=st.sampled_from(["headroom", "token-budget-bound", "concurrency-capped"]),
+)
+def test_memory_stage_is_skipped_exactly_when_the_baseline_says_so(
+    kv: float, pre: float, kind: str
+) -> None:
+    plan = _plan({"kv_usage_peak": kv, "preemptions": pre, "levels": 5, "diagnosis": kind})
+    b = {s.name: s.budget for s in plan}
+    skip = kv < KV_NOT_BOTTLENECK and pre == 0
+    assert b["gpu_memory_utilization"] == (0 if skip else 4)
+    # the fixed order first, the joint refinement, then the coordinate passes fill the study
+    names = [s.name for s in plan]
+    assert names[:5] == [*PARAM_ORDER, "joint"]
+    assert sum(b.values()) == 30 - 1  # every trial but the baseline's is planned: none lost
+    passes = names[5:]
+    assert passes and all(stage_param(n)[1] >= 2 for n in passes)
+    # each pass revisits the pair the diagnosis points at, the token budget first when the
+    # baseline is token-budget-bound
+    first = "max_num_batched_tokens" if kind == "token-budget-bound" else "max_num_seqs"
+    assert stage_param(passes[0]) == (first, 2)
+    assert {stage_param(n)[0] for n in passes} == {"max_num_seqs", "max_num_batched_tokens"}
+
+
+def test_memory_stage_kept_without_telemetry_or_before_the_baseline() -> None:
+    assert _budgets({"levels": 5})["gpu_memory_utilization"] == 4  # no KV evidence
+    running = _trial(0, {"label": "baseline"})
+    running.state, running.value = TrialState.RUNNING, None
+    plan = {s.name: s.budget for s in stage_plan([running], ST, B)}
+    assert plan["gpu_memory_utilization"] == 4  # provisional until the baseline is done
+
+
+def test_memory_evidence_needs_every_level() -> None:
+    full = [{"evidence": {"kv_usage_max": 0.5, "preemptions": 0.0}}] * 3
+    ev = memory_evidence(full)
+    assert (ev.kv_peak, ev.preemptions, ev.levels) == (0.5, 0.0, 3)
+    assert ev.bottleneck()[0] is False
+    # one level without KV telemetry: nothing can be claimed about every level
+    assert memory_evidence([*full, {"evidence": {}}]).kv_peak is None
+    assert memory_evidence([*full, None]).bottleneck()[0] is None
+    hot = memory_evidence([{"evidence": {"kv_usage_max": 0.97, "preemptions": 12.0}}])
+    assert hot.bottleneck()[0] is True
+
+
+# -- the line search ----------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    peak=st.floats(8, 512),
+    budget=st.integers(2, 10),
+    start=st.integers(8, 512),
+)
+def test_line_search_never_repeats_and_closes_in_on_a_single_peak(
+    peak: float, budget: int, start: int
+) -> None:
+    def f(x: float) -> float:
+        return -abs(np.log(x) - np.log(peak))
+
+    pts: list[tuple[float, float | None]] = [(float(start), f(start))]
+    for _ in range(budget):
+        x = next_on_line(pts, 8, 512, log=True, step=1, n_coarse=max(2, budget // 2))
+        if x is None:
+            break
+        assert x not in {p for p, _ in pts} and 8 <= x <= 512 and x == int(x)
+        pts.append((x, f(x)))
+    best = max(pts, key=lambda p: p[1] or -1e9)[0]
+    # a log-spaced bracket over 8..512 halved (budget - coarse) times
+    coarse = max(2, budget // 2)
+    width = np.log(64) / coarse
+    assert abs(np.log(best) - np.log(peak)) <= width + 1e-9
+
+
+def test_line_search_counts_running_trials_as_tried() -> None:
+    first = next_on_line([(100.0, 1.0)], 0.8, 0.95, log=False, step=0.01, n_coarse=2)
+    assert first is not None
+    second = next_on_line(
+        [(100.0, 1.0), (first, None)], 0.8, 0.95, log=False, step=0.01, n_coarse=2
+    )
+    assert second not in (None, first)
+    assert next_on_line([(0.9, 1.0)], 0.9, 0.9, log=False, step=0.01, n_coarse=2) is None
+
+
+# -- fixed-rate ranking ---------------------------------------------------------------------------
+
+
+def test_fixed_rate_ranks_by_the_worst_slo_margin_then_throughput() -> None:
+    slo = Slo(p99_ttft_ms=500.0, p99_tpot_ms=50.0)
+    # the real-vLLM case of issue 12: 84 ms beats 407 ms whatever the throughput's noise says
+    fast = trial_rank("fixed-rate", slo, 1000.0, 84.0, 20.0)
+    slow = trial_rank("fixed-rate", slo, 1003.0, 407.0, 20.0)
+    assert fast > slow
+    # the worst margin is the max over the set SLOs: TPOT at 0.9 of its SLO dominates here
+    assert trial_rank("fixed-rate", slo, 1.0, 84.0, 45.0)[0] == pytest.approx(1 / 0.9)
+    # equal margins: throughput decides
+    assert trial_rank("fixed-rate", slo, 1001.0, 250.0, 10.0) > trial_rank(
+        "fixed-rate", slo, 1000.0, 250.0, 10.0
+    )
+    # no latency SLO set: throughput alone; other modes: the objective
+    assert trial_rank("fixed-rate", Slo(), 7.0, 84.0, 20.0) == (0.0, 7.0)
+    assert trial_rank("slo-capacity", slo, 7.0, 400.0, 45.0) == (7.0, 0.0)
+
+
+def test_fixed_rate_study_recommends_the_widest_margin(tmp_path: Path) -> None:
+    from autotune.report.recommend import recommend
+    from autotune.tuning.controller import load_study_config
+    from autotune.tuning.scoring import record_rank
+
+    cfg, text = config(mode="fixed-rate", strategy={"name": "random", "n_trials": 5})
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        rec = create_study(cfg, text, store)
+        run_study("t", store)
+        trials = [t for t in store.trials("t") if t.state == "COMPLETE"]
+        study = optuna.load_study(study_name="t", storage=store.optuna_storage())
+        r = recommend(load_study_config(rec), trials)
+    slo = Slo.of(cfg.slo)
+    feasible = [t for t in trials if t.feasible]
+    assert feasible and r is not None
+    widest = max(feasible, key=lambda t: record_rank("fixed-rate", slo, t))
+    assert r.trial.optuna_trial_number == widest.optuna_trial_number
+    # Optuna maximises the same headroom: 1 / worst margin
+    by_number = {t.number: t for t in study.trials}
+    for t in feasible:
+        assert by_number[t.optuna_trial_number].value == pytest.approx(
+            record_rank("fixed-rate", slo, t)[0]
+        )
+
+
+# -- seeds ---------------------------------------------------------------------------------
+
+
+def test_study_seeds_give_independent_sampler_sequences() -> None:
+    s0 = [_sampler_seed(0, n) for n in range(200)]
+    s1 = [_sampler_seed(1, n) for n in range(200)]
+    assert len(set(s0)) == 200  # a fresh seed per trial
+    # not a shifted copy: seed + n would make s1[n] == s0[n + 1]
+    assert not set(s0) & set(s1)
+    draws0 = np.array([np.random.default_rng(s).random() for s in s0])
+    draws1 = np.array([np.random.default_rng(s).random() for s in s1])
+    assert abs(np.corrcoef(draws0, draws1)[0, 1]) < 0.2
+    assert json.dumps(s0[:3]) == json.dumps([_sampler_seed(0, n) for n in range(3)])

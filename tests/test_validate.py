@@ -1,0 +1,415 @@
+"""The validation phase (autotune/tuning/validate.py) with a scripted runner whose noise is
+known: it picks the best lower bound, says "keep" when nothing is better, interleaves its
+runs on fresh workload samples, counts against the run's time limit and resumes; then a small
+study on the in-process simulator through the controller and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+from test_study import config
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.failures import FailureMatch
+from autotune.loadgen.level import LevelMetrics
+from autotune.report.recommend import format_recommendation, recommend
+from autotune.store import Store, StudyRecord, TrialRecord
+from autotune.tuning import controller, lanes, validate
+from autotune.tuning.interval import summary_of
+from autotune.tuning.runners import LevelOutcome, StartInfo
+from autotune.tuning.validate import VALIDATION_ATTR, run_validation
+from autotune.workload.build import build_workload
+from autotune.workload.core import Workload
+
+field = pytest.mark.config_field
+
+
+class NoisyRunner:
+    """Each config (keyed by max_num_seqs) has a true capacity and a known multiplicative
+    noise: in a run with jitter seed ``s`` its capacity is ``true * exp(sd * z)``, ``z`` drawn
+    from ``(s, config)``. Fixed-rate and offline levels report p99 TTFT and throughput the
+    same way. Every start and level is logged."""
+
+    kind = "sim-virtual"
+
+    def __init__(self, seed: int, spec: Mapping[int, tuple[float, float]], log: list[Any]) -> None:
+        self.seed, self.spec, self.log = seed, spec, log
+        self.key = 0
+        self.noise = 1.0
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
+        self.key = int(engine_args["max_num_seqs"])
+        true, sd = self.spec[self.key]
+        z = np.random.default_rng([self.seed, self.key]).standard_normal()
+        self.noise = float(true * np.exp(sd * z))
+        self.log.append(("start", self.key, trial_name))
+        return StartInfo("vllm serve fake", ["vllm"], 0.0, 1000, 10.0)
+
+    async def run_level(
+        self, workload: Workload, scale: float, progress: Any = None
+    ) -> LevelOutcome:
+        self.log.append(("level", self.key, workload.fingerprint()))
+        ok = scale <= self.noise
+        m = LevelMetrics(
+            completed=100,
+            failed=0,
+            p99_ttft_ms=(1000.0 if ok else 5000.0) if scale != 1.0 else 1500.0 / self.noise,
+            p99_tpot_ms=20.0 if scale != 1.0 else 20.0 / self.noise,
+            output_throughput=1000.0 * self.noise,
+            request_throughput=scale,
+        )
+        return LevelOutcome(scale, 4.0 * scale, m)
+
+    def failure(self) -> FailureMatch | None:
+        return None
+
+    async def stop(self) -> None:
+        self.log.append(("stop", self.key))
+
+
+def _cfg(**strategy: Any) -> Any:
+    st = {"capacity_levels": 24, "capacity_high": 4.0, **strategy}
+    return config(strategy=st)[0]
+
+
+def _study(store: Store, cfg: Any, objectives: Mapping[int, float]) -> None:
+    """A finished search: trial n ran config max_num_seqs=n (0: the baseline)."""
+    store.create_study(StudyRecord("t", "name: t\n", {}, cfg.mode, "sim-virtual", "t"))
+    for n, obj in objectives.items():
+        store.add_trial(
+            TrialRecord(
+                study_name="t",
+                optuna_trial_number=n,
+                stage="baseline" if n == 0 else "joint",
+                state="COMPLETE",
+                params={},
+                engine_args={"max_num_seqs": n},
+                launch_command=None,
+                launch_argv=None,
+                worker_kind="sim-virtual",
+                objective=obj,
+                feasible=True,
+            )
+        )
+
+
+def _validate(store: Store, cfg: Any, spec: Mapping[int, tuple[float, float]], **kw: Any) -> Any:
+    log: list[Any] = kw.pop("log", [])
+    return asyncio.run(
+        run_validation(
+            cfg,
+            store,
+            "t",
+            make_runner=lambda seed: NoisyRunner(seed, spec, log),
+            vocab_size=32000,
+            **kw,
+        )
+    )
+
+
+def test_picks_the_best_lower_bound_not_the_luckiest_run(tmp_path: Path) -> None:
+    # config 1 won the study by luck and is the noisiest: its re-measurements have the best
+    # mean and the luckiest single run, but a lower bound far below config 2's
+    spec = {0: (1.0, 0.01), 1: (1.30, 0.25), 2: (1.20, 0.01), 3: (1.10, 0.01)}
+    cfg = _cfg(validate={"top_k": 3, "repeats": 3})
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 200.0, 2: 150.0, 3: 140.0})
+        out = _validate(store, cfg, spec)
+        repeats = store.repeats("t")
+        trials = store.trials("t")
+    assert out.runs == 12 and out.stopped_by is None
+    s = out.summary
+    assert s.complete and (s.verdict, s.chosen) == ("recommend", 2)
+    lucky = max((r for r in repeats if r.role == "candidate"), key=lambda r: r.capacity_scale)
+    one, two = s.candidate(1).interval, s.candidate(2).interval
+    assert lucky.trial_number == 1 and one.mean > two.mean
+    assert one.low < 0 < two.low
+    assert recommend(cfg, trials).trial.optuna_trial_number == 1  # the study's own pick
+    rec = recommend(cfg, trials, repeats)
+    assert rec is not None and rec.trial.optuna_trial_number == 2 and not rec.keep
+    text = format_recommendation(rec)
+    assert "validated gain in SLO capacity over the baseline: +" in text
+    assert "(95 % CI +" in text and "3 paired runs)" in text
+
+
+def test_keep_when_the_true_gain_is_zero(tmp_path: Path) -> None:
+    spec = {n: (1.0, 0.02) for n in range(4)}
+    cfg = _cfg(validate={"top_k": 3, "repeats": 3})
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 104.0, 2: 103.0, 3: 102.0})
+        out = _validate(store, cfg, spec)
+        rec = recommend(cfg, store.trials("t"), store.repeats("t"))
+    assert (out.summary.verdict, out.summary.chosen) == ("keep", None)
+    assert rec is not None and rec.keep and rec.trial.stage == "baseline"
+    text = format_recommendation(rec)
+    assert "keep your current config: no candidate beats it beyond noise" in text
+    assert f"best candidate, trial {out.summary.best}: SLO capacity over the baseline" in text
+
+
+@field("strategy.validate.top_k")
+@field("strategy.validate.repeats")
+def test_runs_are_interleaved_on_fresh_samples_of_the_workload(tmp_path: Path) -> None:
+    spec = {n: (1.0 + n / 10, 0.01) for n in range(5)}
+    cfg = _cfg(validate={"top_k": 2, "repeats": 3})
+    log: list[Any] = []
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 110.0, 2: 120.0, 3: 130.0, 4: 90.0})
+        _validate(store, cfg, spec, log=log)
+        repeats = store.repeats("t")
+    # top_k = 2: the two best configs besides the baseline, three repeats each
+    assert sorted({r.trial_number for r in repeats}) == [0, 2, 3] and len(repeats) == 9
+    starts = [k for kind, k, *_ in log if kind == "start"]
+    # each repeat runs every config once, the order rotated so drift hits all alike
+    assert starts == [0, 3, 2, 3, 2, 0, 2, 0, 3]
+    prints = {}
+    for kind, key, *rest in log:
+        if kind == "level":
+            prints.setdefault(
+                len([s for s in log[: log.index((kind, key, *rest))] if s[0] == "start"]), set()
+            ).add(rest[0])
+    per_run = [next(iter(v)) for _, v in sorted(prints.items())]
+    assert all(len(v) == 1 for v in prints.values())
+    # runs of one repeat share one sample (they pair up); repeats and the study differ
+    samples = [set(per_run[i : i + 3]) for i in range(0, 9, 3)]
+    assert all(len(s) == 1 for s in samples)
+    study_print = build_workload(cfg.workload, vocab_size=32000).fingerprint()
+    assert len(set.union(*samples) | {study_print}) == 4
+    assert {r.sample for r in repeats} == {f"workload seed {r.workload_seed}" for r in repeats}
+
+
+def test_a_deadline_stops_it_and_the_next_call_resumes(tmp_path: Path) -> None:
+    spec = {n: (1.0 + n / 10, 0.01) for n in range(3)}
+    cfg = _cfg(validate={"top_k": 2, "repeats": 2})
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 110.0, 2: 120.0})
+        first = _validate(store, cfg, spec, deadline=0.0)  # already past
+        assert (first.runs, first.stopped_by) == (0, "timeout")
+        assert first.summary is not None and first.summary.verdict is None
+        assert {r.state for r in store.repeats("t")} == {"PENDING"}
+
+        class Stop(KeyboardInterrupt):
+            pass
+
+        calls = {"n": 0}
+
+        class Interrupting(NoisyRunner):
+            async def run_level(
+                self, workload: Workload, scale: float, progress: Any = None
+            ) -> LevelOutcome:
+                calls["n"] += 1
+                if calls["n"] == 30:  # in the third run
+                    raise Stop
+                return await super().run_level(workload, scale, progress)
+
+        with pytest.raises(Stop):
+            asyncio.run(
+                run_validation(
+                    cfg,
+                    store,
+                    "t",
+                    make_runner=lambda seed: Interrupting(seed, spec, []),
+                    vocab_size=32000,
+                )
+            )
+        states = [r.state for r in store.repeats("t")]
+        assert states == ["COMPLETE", "COMPLETE", "PENDING", "PENDING", "PENDING", "PENDING"]
+        rest = _validate(store, cfg, spec)
+        assert rest.runs == 4 and rest.summary.complete
+        assert rest.summary.verdict == "recommend" and rest.summary.chosen == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "figure", "gain"),
+    [
+        ("slo-capacity", "SLO capacity", 20.0),  # 1.2x vs 1.0x on the lattice
+        ("fixed-rate", "worst SLO margin", 20.0),  # p99 TTFT 1250 vs 1500 ms of 3000 ms
+        ("offline", "throughput", 20.0),  # 1200 vs 1000 tok/s
+    ],
+)
+def test_the_gain_of_each_mode(tmp_path: Path, mode: str, figure: str, gain: float) -> None:
+    spec = {0: (1.0, 0.0), 1: (1.2, 0.0)}
+    over: dict[str, Any] = {"mode": mode}
+    if mode == "offline":
+        over |= {"workload": {"arrival": "closed", "concurrency": 8, "rate": None}}
+    cfg, _ = config(strategy={"capacity_levels": 24, "validate": {"top_k": 1}}, **over)
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 120.0})
+        s = _validate(store, cfg, spec).summary
+    iv = s.candidate(1).interval
+    assert s.figure == figure
+    # noise-free repeats tie exactly: the interval is the floor's, never of zero width
+    assert iv.mean == pytest.approx(gain, abs=1.0 if mode == "slo-capacity" else 1e-6)
+    assert iv.sd == pytest.approx(0.0, abs=1e-9) and iv.high - iv.low > 1.0
+    assert s.verdict == "recommend"
+
+
+@field("strategy.validate.confidence")
+def test_the_confidence_level_sets_the_interval(tmp_path: Path) -> None:
+    spec = {0: (1.0, 0.02), 1: (1.1, 0.02)}
+    cfg = _cfg(validate={"top_k": 1, "repeats": 4})
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 120.0})
+        _validate(store, cfg, spec)
+        repeats = store.repeats("t")
+    wide = summary_of(cfg, repeats).candidate(1).interval
+    narrow = (
+        summary_of(_cfg(validate={"top_k": 1, "confidence": 0.5}), repeats).candidate(1).interval
+    )
+    assert wide.mean == narrow.mean and narrow.low > wide.low and narrow.high < wide.high
+    assert (wide.confidence, narrow.confidence) == (0.95, 0.5)
+
+
+@field("strategy.validate.enabled")
+def test_validation_off_leaves_the_studys_answer_not_validated(tmp_path: Path) -> None:
+    _, text = config(strategy={"name": "joint", "n_trials": 3, "validate": {"enabled": False}})
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    r = CliRunner().invoke(
+        app, ["study", "create", "--config", str(path), "--storage", url, "--run"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "validation:" not in r.output.split("3 trial(s) run")[0]  # no phase ran
+    with Store.open(url) as store:
+        assert store.repeats("t") == []
+    best = CliRunner().invoke(app, ["study", "best", "t", "--storage", url])
+    assert "validation: not validated (strategy.validate: off)" in best.output
+
+
+def test_a_study_validates_after_its_search_within_its_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the controller: the phase runs once the plan is complete, its time counts
+    against the run's limit (a clock advanced one second per level), and a later run
+    finishes it; its runs are not Optuna trials, and the summary is a study attribute."""
+    clock = {"t": 0.0}
+    fake = types.SimpleNamespace(monotonic=lambda: clock["t"])
+    monkeypatch.setattr(controller, "time", fake)
+    monkeypatch.setattr(validate, "time", fake)
+    monkeypatch.setattr(lanes, "time", fake)  # the run's budget clock
+
+    class Timed(NoisyRunner):
+        async def run_level(
+            self, workload: Workload, scale: float, progress: Any = None
+        ) -> LevelOutcome:
+            clock["t"] += 1.0
+            return await super().run_level(workload, scale, progress)
+
+    spec: dict[int, tuple[float, float]] = {}
+
+    def runner(cfg: Any, *_: Any, **__: Any) -> Timed:
+        return Timed(cfg.seed, spec, [])
+
+    monkeypatch.setattr(controller, "make_runner", runner)
+    cfg, text = config(
+        strategy={
+            "name": "joint",
+            "n_trials": 4,
+            "capacity_levels": 4,
+            "validate": {"top_k": 2, "repeats": 2},
+        }
+    )
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        controller.create_study(cfg, text, store)
+        study = optuna.load_study(study_name="t", storage=store.optuna_storage())
+        # every config the sampler picks gets a capacity from its max_num_seqs
+        spec.update({n: (0.5 + n / 512, 0.01) for n in range(1, 4097)})
+        first = controller.run_study("t", store, timeout=4 * 4 + 10)  # the search, then 10 s
+        assert first.trials_run == 4 and first.stopped_by == "timeout"
+        assert 0 < first.validation_runs < 6
+        second = controller.run_study("t", store)
+        assert (second.trials_run, second.stopped_by) == (0, "plan complete")
+        assert first.validation_runs + second.validation_runs == 6
+        assert len(study.trials) == 4  # re-measurements are not trials
+        attr = optuna.load_study(study_name="t", storage=store.optuna_storage()).user_attrs[
+            VALIDATION_ATTR
+        ]
+        assert (
+            attr["complete"] and attr["runs_done"] == 6 and attr["verdict"] in ("recommend", "keep")
+        )
+
+
+def test_study_best_and_export_carry_the_interval(tmp_path: Path) -> None:
+    """The default phase on the in-process simulator, through the CLI."""
+    # max_model_len is sized from 120 requests here: allow what other samples of them cut
+    _, text = config(
+        strategy={"name": "joint", "n_trials": 4, "validate": {"top_k": 1, "repeats": 2}},
+        slo={"max_overlength_rate": 0.05},
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    run = CliRunner().invoke(
+        app, ["study", "create", "--config", str(path), "--storage", url, "--run"]
+    )
+    assert run.exit_code == 0, run.output
+    assert "validation: re-measuring the top configs" in run.output
+    assert "repeat 1 trial 0 [baseline] (" in run.output
+    best = CliRunner().invoke(app, ["study", "best", "t", "--storage", url])
+    assert best.exit_code == 0, best.output
+    assert best.output.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct")
+    lines = [ln for ln in best.output.splitlines() if "95 % CI" in ln]
+    assert len(lines) == 1 and "2 paired runs)" in lines[0], best.output
+    exp = CliRunner().invoke(app, ["study", "export", "t", "--format", "json", "--storage", url])
+    body = json.loads(exp.output)
+    v = body["validation"]
+    assert len(v["runs"]) == 4 and {r["state"] for r in v["runs"]} == {"COMPLETE"}
+    cand = v["summary"]["candidates"][0]
+    low, high = cand["interval"]["low"], cand["interval"]["high"]
+    assert f"{low:+.1f} … {high:+.1f} %" in lines[0]
+    csv_out = CliRunner().invoke(app, ["study", "export", "t", "--format", "csv", "--storage", url])
+    head, *rows = csv_out.output.splitlines()
+    tail = ("gain_pct", "ci_low_pct", "ci_high_pct", "paired_runs", "slo_held")
+    assert head.endswith(",".join(f"validated_{c}" for c in tail))
+    assert sum(1 for r in rows if r.endswith(",2,2/2")) == 1
+
+
+def test_a_killed_controllers_run_is_measured_again_after_fail_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = {n: (0.5 + n / 512, 0.01) for n in range(1, 4097)}
+    monkeypatch.setattr(
+        controller, "make_runner", lambda cfg, *_, **__: NoisyRunner(cfg.seed, spec, [])
+    )
+    cfg, text = config(
+        strategy={"name": "joint", "n_trials": 3, "capacity_levels": 4, "validate": {"top_k": 1}}
+    )
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        controller.create_study(cfg, text, store)
+        assert controller.run_study("t", store).validation_runs == 6
+        stuck = store.repeats("t")[2]
+        assert stuck.id is not None
+        store.update_repeat(stuck.id, state="RUNNING")  # as a controller killed mid-run leaves it
+        rec = recommend(cfg, store.trials("t"), store.repeats("t"))
+        assert rec is not None and not rec.validated
+        assert "incomplete: 5 of 6 runs" in format_recommendation(rec)
+        assert controller.run_study("t", store).validation_runs == 0  # never implicit
+        assert controller.run_study("t", store, reset_running=True).validation_runs == 1
+        rec = recommend(cfg, store.trials("t"), store.repeats("t"))
+        assert rec is not None and rec.validated
+
+
+def test_an_infeasible_baseline_gets_no_gain_but_a_recommendation(tmp_path: Path) -> None:
+    spec = {0: (0.1, 0.01), 1: (1.1, 0.01), 2: (1.3, 0.01)}  # the baseline: below the lattice
+    cfg = _cfg(validate={"top_k": 2, "repeats": 2})
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 120.0, 2: 110.0})
+        out = _validate(store, cfg, spec)
+        rec = recommend(cfg, store.trials("t"), store.repeats("t"))
+    assert (out.summary.verdict, out.summary.chosen, out.summary.baseline_held) == (
+        "no-baseline",
+        2,
+        0,
+    )
+    assert rec is not None and rec.trial.optuna_trial_number == 2
+    text = format_recommendation(rec)
+    assert "(the latency and error SLOs in 0 of 2), so there is no gain to give; trial 2" in text
