@@ -6,6 +6,7 @@ sim-virtual."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import optuna
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from optuna.distributions import FloatDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 from test_study import config
 
@@ -25,9 +26,10 @@ from autotune.tuning.controller import _sampler_seed, create_study, run_study
 from autotune.tuning.linesearch import next_on_line
 from autotune.tuning.plan import overlength_rate, screen_max_model_len
 from autotune.tuning.scoring import Slo, trial_rank
-from autotune.tuning.space import PARAM_ORDER, SpaceBounds
+from autotune.tuning.space import PARAM_ORDER, SpaceBounds, suggest
 from autotune.tuning.stages import KV_NOT_BOTTLENECK, memory_evidence, stage_param, stage_plan
 from autotune.tuning.status import study_plan
+from autotune.tuning.strategy import sampler_for
 
 # -- over-length screening --------------------------------------------------------------------
 
@@ -239,3 +241,82 @@ def test_study_seeds_give_independent_sampler_sequences() -> None:
     draws1 = np.array([np.random.default_rng(s).random() for s in s1])
     assert abs(np.corrcoef(draws0, draws1)[0, 1]) < 0.2
     assert json.dumps(s0[:3]) == json.dumps([_sampler_seed(0, n) for n in range(3)])
+
+
+# -- the memory stage's top, and what the joint refinement holds ---------------------------------
+
+_HOT = {"kv_usage_peak": 0.97, "preemptions": 12.0, "levels": 5, "diagnosis": "kv-bound"}
+_DISTS = {
+    "max_model_len": CategoricalDistribution([2048, 4096]),
+    "gpu_memory_utilization": FloatDistribution(0.8, 0.95, step=0.01),
+    "max_num_seqs": IntDistribution(8, 512, log=True),
+    "max_num_batched_tokens": IntDistribution(64, 65536, log=True),
+}
+
+
+def _full(number: int, stage: str, util: float, mns: int, value: float) -> Any:
+    """A complete feasible trial over all four parameters (the stages read every one); the
+    baseline's telemetry says memory is the bottleneck."""
+    params = {
+        "max_model_len": 4096,
+        "gpu_memory_utilization": util,
+        "max_num_seqs": mns,
+        "max_num_batched_tokens": 2048,
+    }
+    attrs = {"stage": stage, **({"label": "baseline", **_HOT} if stage == "baseline" else {})}
+    t = create_trial(
+        params=params, distributions=_DISTS, value=value, user_attrs=attrs, constraints={"c0": -1.0}
+    )
+    t.number = number
+    return t
+
+
+def _ask(stage: str, trials: list[Any], strategy: StrategyConfig, seed: int = 7) -> Any:
+    """The engine values the stage's sampler suggests next (in the fixed order)."""
+    study = optuna.create_study(direction="maximize")
+    for t in trials:
+        study.add_trial(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks PartialFixedSampler experimental
+        study.sampler = sampler_for(stage, study.get_trials(), B, seed, strategy)
+        return suggest(study.ask(), B)
+
+
+def test_memory_stage_tries_the_top_first_and_closes_when_it_is_best() -> None:
+    base = _full(0, "baseline", 0.9, 64, 100.0)
+    mml = _full(1, "max_model_len", 0.9, 64, 100.0)
+    # memory is the bottleneck: the stage's first trial is the top of the range
+    assert _ask("gpu_memory_utilization", [base, mml], ST).gpu_memory_utilization == 0.95
+    budget = {s.name: s.budget for s in stage_plan([base, mml], ST, B)}
+    assert budget["gpu_memory_utilization"] == 4
+    top = _full(2, "gpu_memory_utilization", 0.95, 64, 110.0)
+    plan = {s.name: s for s in stage_plan([base, mml, top], ST, B)}
+    assert plan["gpu_memory_utilization"].budget == 1
+    assert "top of the range is best" in plan["gpu_memory_utilization"].why
+    # the trials saved went to the concurrency passes: the study's size is unchanged
+    assert sum(s.budget for s in plan.values()) == 30 - 1
+    # a later stage's better trial does not reopen the closed stage
+    later = _full(3, "max_num_seqs", 0.95, 32, 150.0)
+    again = {s.name: s.budget for s in stage_plan([base, mml, top, later], ST, B)}
+    assert again["gpu_memory_utilization"] == 1
+    # a top that scores below the best so far (noise, a tight GPU) keeps the line search going
+    worse = _full(2, "gpu_memory_utilization", 0.95, 64, 90.0)
+    kept = {s.name: s.budget for s in stage_plan([base, mml, worse], ST, B)}
+    assert kept["gpu_memory_utilization"] == 4
+    assert _ask("gpu_memory_utilization", [base, mml, worse], ST).gpu_memory_utilization < 0.95
+
+
+def test_staged_joint_refinement_holds_the_memory_parameters() -> None:
+    trials = [
+        _full(0, "baseline", 0.9, 64, 100.0),
+        _full(1, "gpu_memory_utilization", 0.95, 64, 120.0),
+        _full(2, "max_num_seqs", 0.95, 32, 130.0),
+    ]
+    staged = [_ask("joint", trials, ST, seed) for seed in range(6)]
+    assert {(v.max_model_len, v.gpu_memory_utilization) for v in staged} == {(4096, 0.95)}
+    assert len({v.max_num_seqs for v in staged}) > 1  # the concurrency pair still moves
+    # the joint strategy's TPE is free on every parameter: over a few draws util moves
+    joint = StrategyConfig(name="joint", n_trials=30)
+    assert {_ask("joint", trials, joint, seed).gpu_memory_utilization for seed in range(6)} != {
+        0.95
+    }

@@ -11,7 +11,8 @@ cannot use its trials gives them to the stages the baseline's diagnosis points a
 - ``gpu_memory_utilization`` gets no trial when the baseline shows that memory is not the
   bottleneck: KV usage below :data:`KV_NOT_BOTTLENECK` at every level it replayed and no
   preemption. More memory only buys KV blocks, and a cache that never filled has blocks to
-  spare; the trials go where the bottleneck is;
+  spare; the trials go where the bottleneck is. When memory is the bottleneck the stage tries
+  the top of the range first and closes after it when it is best (:func:`_top_best`);
 - then coordinate passes revisit the two concurrency knobs, which interact, until the trial
   budget is spent: the trials saved above go there, on the parameters the diagnosis points at
   (the token budget first in each pass when the baseline is token-budget-bound, else
@@ -36,6 +37,7 @@ __all__ = [
     "FLAT",
     "KV_NOT_BOTTLENECK",
     "SCREENING_ATTR",
+    "TOP_TIE",
     "MemoryEvidence",
     "Stage",
     "baseline_trial",
@@ -59,6 +61,9 @@ KV_NOT_BOTTLENECK = 0.80
 # A memory stage whose first trials all score within 0.2 % of one another (and of the point it
 # started from) has shown that memory changes nothing here: it closes early.
 FLAT = 0.002
+# The memory stage's top trial counts as best when it scores within this share of the best
+# trial so far: one capacity-lattice step (1 %) is the finest difference the protocol resolves.
+TOP_TIE = 0.01
 _CONCURRENCY = ("max_num_seqs", MNBT_PARAM)  # what the coordinate passes revisit
 
 
@@ -184,6 +189,41 @@ def _flat(trials: Sequence[FrozenTrial], stage: str) -> int | None:
     return len(mine) if hi > 0 and (hi - lo) / hi <= FLAT else None
 
 
+def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | None:
+    """How many trials the memory stage ran before its trial at the top of the range
+    (``top``) proved best (None: not yet). More memory only adds KV blocks, so capacity does
+    not fall as ``gpu_memory_utilization`` rises: once the top scores within :data:`TOP_TIE`
+    of every trial so far, lower values cannot beat it and the stage's other trials go to the
+    concurrency passes. The top can still lose (a launch that runs out of memory on a real
+    GPU, noise): then the stage goes on with its line search."""
+    mine = [t for t in trials if t.user_attrs.get("stage") == stage]
+    if any(not t.state.is_finished() for t in mine):
+        return None
+    at_top = [
+        t
+        for t in mine
+        if t.value is not None
+        and all(v <= 0 for v in t.constraints.values())
+        and abs(float(t.user_attrs.get(f"engine.{stage}", t.params.get(stage, -1))) - top) < 5e-3
+    ]
+    if not at_top:
+        return None
+    best = max(float(t.value) for t in at_top if t.value is not None)
+    # judged against what the stage knew (trials before it and its own), so that later
+    # stages' better trials cannot reopen it: a plan every controller derives alike
+    first = min(t.number for t in mine)
+    others = [
+        float(t.value)
+        for t in trials
+        if t.value is not None
+        and t not in at_top
+        and (t.number < first or t.user_attrs.get("stage") == stage)
+    ]
+    if others and best < max(others) * (1.0 - TOP_TIE):
+        return None
+    return len(mine)
+
+
 def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds) -> list[Stage]:
     """The staged strategy's parameter stages with their budgets, in order: the first pass
     over every parameter in the fixed order, then coordinate passes over the concurrency
@@ -220,6 +260,9 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
             ran = _flat(trials, p) if n else None
             if ran is not None and ran < n:
                 n, why = ran, f"{why}; closed after {ran}: memory changed nothing"
+            top = _top_best(trials, p, b.util_high) if n else None
+            if top is not None and top < n:
+                n, why = top, f"{why}; closed after {top}: the top of the range is best"
             out.append(Stage(p, n, why))
             saved += tps - n
         elif p in _CONCURRENCY:

@@ -47,6 +47,9 @@ __all__ = [
 ]
 
 
+_CONCURRENCY = ("max_num_seqs", MNBT_PARAM)  # what the staged joint refinement moves
+
+
 def _stage_name(param: str) -> str:
     return param  # every sampler parameter is named after its engine arg
 
@@ -181,8 +184,17 @@ def sampler_for(
     tpe = optuna.samplers.TPESampler(
         seed=seed, multivariate=True, n_startup_trials=min(10, max(2, len(trials) // 2))
     )
-    if stage in ("joint", "enqueued"):
-        return tpe
+    if stage == "enqueued" or (stage == "joint" and (st is None or st.name != "staged")):
+        return tpe  # the joint strategy: one multivariate TPE over every parameter
+    if stage == "joint":
+        # the joint refinement follows the ridge of the two concurrency knobs; the memory
+        # parameters stay where their stages left them (more memory only helps, and the
+        # max_model_len stage chose on over-length and capacity), so TPE spends no trial
+        # undoing them
+        held = {
+            k: v for k, v in fixed_point(trials, b, "max_num_seqs").items() if k not in _CONCURRENCY
+        }
+        return optuna.samplers.PartialFixedSampler(held, tpe) if held else tpe
     free, k = stage_param(stage)
     fixed = fixed_point(trials, b, free)
     choices = choices_of(b, free)
@@ -238,6 +250,7 @@ def _line_value(
         if step >= 1:
             lo, hi = float(math.ceil(lo)), float(math.floor(hi))
     points: list[tuple[float, float | None]] = []
+    top_tried = False
     for t in trials:
         if t.state not in (TrialState.COMPLETE, TrialState.RUNNING) or free not in t.params:
             continue
@@ -250,6 +263,11 @@ def _line_value(
             feasible = all(v <= 0 for v in t.constraints.values())
             score = float(t.value) if feasible else -1.0
         points.append((float(_engine(t, free)), score))
+        top_tried = top_tried or abs(float(_engine(t, free)) - hi) < 5e-3
+    if free == "gpu_memory_utilization" and k == 1 and not top_tried:
+        # more memory only adds KV blocks (capacity never falls as it rises): the top of the
+        # range first, and the stage closes when it is best (stages._top_best)
+        return round(hi, 2)
     budget = next((s.budget for s in stage_plan(trials, st, b) if s.name == stage), 0)
     value = next_on_line(
         points, lo, hi, log=log, step=step, n_coarse=2 if k >= 2 else max(2, budget // 2 + 1)
