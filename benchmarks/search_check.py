@@ -1,0 +1,114 @@
+"""Per-scenario check of one strategy's recommendations, quicker than the full
+``benchmarks/tuning_quality.py`` (no early-stop comparison, no interval re-measurement).
+
+For each scenario and seed, run a study exactly as ``tuning_quality.py`` does
+(``strategy_config``, ``scenario_config``), then measure under the ground-truth protocol the
+search's own pick (its best trial) and, with ``--val``, the study's final recommendation after
+its validation phase; print each as % of the cached best known config
+(``benchmarks/data/tuning_quality_truth.json``), with the validation verdict and intervals.
+
+Usage: python benchmarks/search_check.py SCENARIO [SCENARIO ...] [--seeds 3] [--val]
+  [--strategy staged] [--trials 20] [--jobs 2] [-v]
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from truth import SCENARIOS, TruthCache, pct, scenario_config
+from tuning_quality import _quiet, strategy_config
+
+from autotune.report.recommend import recommend
+from autotune.store import Store
+from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.interval import summary_of
+from autotune.tuning.measure import GROUND_TRUTH, measure_config
+
+
+def one(task: tuple[str, int, bool, str, int]) -> dict[str, Any]:
+    _quiet()
+    name, seed, val, strategy, n_trials = task
+    st = strategy_config(strategy, n_trials)
+    if not val:
+        st["validate"] = {"enabled": False}
+    cfg, text = scenario_config(name, strategy=st, seed=seed)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/s.db") as store:
+        create_study(cfg, text, store)
+        run_study(name, store)
+        trials = [t for t in store.trials(name) if t.state == "COMPLETE"]
+        reps = store.repeats(name)
+    out: dict[str, Any] = {"name": name, "seed": seed, "wall_s": time.perf_counter() - t0}
+    out["trials"] = [(t.stage, t.engine_args, round(t.objective or 0, 1)) for t in trials]
+    picks = {"search": recommend(cfg, trials), "validated": recommend(cfg, trials, reps)}
+    summary = summary_of(cfg, reps) if val else None
+    if summary is not None:
+        out["verdict"] = summary.verdict
+        out["intervals"] = [
+            None if c.interval is None else [round(c.interval.low, 2), round(c.interval.high, 2)]
+            for c in summary.candidates
+        ]
+    for kind, rec in picks.items():
+        if rec is None or (kind == "validated" and not val):
+            continue
+        m = asyncio.run(measure_config(cfg, rec.engine_args, GROUND_TRUTH))
+        out[kind] = {"engine_args": rec.engine_args, "objective": m.objective}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="+", choices=sorted(SCENARIOS))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--val", action="store_true", help="run the validation phase too")
+    ap.add_argument("--strategy", default="staged")
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("-v", action="store_true", help="print every trial")
+    a = ap.parse_args()
+    cache = TruthCache()
+    tasks = [(n, s, a.val, a.strategy, a.trials) for n in a.names for s in range(a.seeds)]
+    with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
+        results = pool.map(one, tasks, chunksize=1)
+    figs: dict[str, list[float]] = {"search": [], "validated": []}
+    for r in results:
+        entry = cache.scenario(r["name"])
+        if entry is None:
+            sys.exit(f"no ground truth for {r['name']}: run tuning_quality.py --truth-only")
+        best = entry["best_known"]["objective"]
+        cells = []
+        for kind in figs:
+            if kind in r:
+                p = pct(r[kind]["objective"], best)
+                figs[kind].append(p)
+                cells.append(f"{kind} {p:6.2f}")
+        print(
+            f"{r['name']:22s} seed {r['seed']}: {'  '.join(cells)}  {r.get('verdict', '')} "
+            f"{r.get('intervals', '')}  {r['wall_s']:.0f} s  {r['search']['engine_args']}"
+        )
+        if a.v:
+            for t in r["trials"]:
+                print("    ", t)
+    out: dict[str, Any] = {"bench": "search_check", "strategy": a.strategy, "trials": a.trials}
+    for kind, ps in figs.items():
+        if ps:
+            out[f"median_pct_of_best_{kind}"] = round(statistics.median(ps), 2)
+            out[f"worst_pct_of_best_{kind}"] = round(min(ps), 2)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
