@@ -62,25 +62,28 @@ def stop(proc: subprocess.Popen[str]) -> int:
 
 def test_the_scheduler_service_command(tmp_path: Path) -> None:
     env = env_for(tmp_path)
-    proc = subprocess.Popen(compose_argv("scheduler"), env=env, cwd=tmp_path, text=True)
+    proc = subprocess.Popen(
+        compose_argv("scheduler"), env=env, cwd=tmp_path, text=True, stderr=subprocess.PIPE
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:  # a second scheduler is refused once the first holds the lock
-            other = subprocess.run(
-                [sys.executable, "-m", "autotune.cli", "scheduler", "--once"],
-                env=env,
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-            )
-            if other.returncode == 6 or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
+        # it says when it holds the lock; probing before that could take the lock first
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("scheduler: active"), line
+        other = subprocess.run(
+            [sys.executable, "-m", "autotune.cli", "scheduler", "--once"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
         assert other.returncode == 6, other.stderr
         assert other.stderr.startswith("error: another autotune scheduler is active")
         assert proc.poll() is None
     finally:
         code = stop(proc)
+        if proc.stderr is not None:
+            proc.stderr.close()
     assert code == 0
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -123,7 +124,16 @@ def scheduler(
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        sched.serve(once=once)
+        sched.serve(
+            once=once,
+            on_hold=None
+            if once
+            else lambda: print(
+                "scheduler: active (it holds this database's scheduler lock); Ctrl-C stops it",
+                file=sys.stderr,
+                flush=True,
+            ),
+        )
     finally:
         for s, h in old.items():
             signal.signal(s, h)

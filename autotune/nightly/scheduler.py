@@ -153,9 +153,13 @@ class Scheduler:
     def stop(self) -> None:
         self._stop.set()
 
-    def serve(self, *, once: bool = False) -> None:
-        """Hold the scheduler lock and tick until :meth:`stop` (or once)."""
+    def serve(self, *, once: bool = False, on_hold: Callable[[], None] | None = None) -> None:
+        """Hold the scheduler lock and tick until :meth:`stop` (or once); ``on_hold`` is
+        called once the lock is held (the CLI says so: a service that prints nothing cannot
+        be told from one still starting)."""
         with held_lock(self.store, "scheduler", _BUSY):
+            if on_hold is not None:
+                on_hold()
             while not self._stop.is_set():
                 self.tick()
                 if once:
