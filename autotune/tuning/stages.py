@@ -34,12 +34,14 @@ from autotune.config import StrategyConfig
 from autotune.tuning.space import MNBT_PARAM, SpaceBounds
 
 __all__ = [
+    "CONCURRENCY",
     "FLAT",
     "KV_NOT_BOTTLENECK",
     "SCREENING_ATTR",
     "TOP_TIE",
     "MemoryEvidence",
     "Stage",
+    "at_top",
     "baseline_trial",
     "capacity_bracket",
     "choices_of",
@@ -64,7 +66,8 @@ FLAT = 0.002
 # The memory stage's top trial counts as best when it scores within this share of the best
 # trial so far: one capacity-lattice step (1 %) is the finest difference the protocol resolves.
 TOP_TIE = 0.01
-_CONCURRENCY = ("max_num_seqs", MNBT_PARAM)  # what the coordinate passes revisit
+# what the coordinate passes revisit, and all the staged joint refinement moves
+CONCURRENCY = ("max_num_seqs", MNBT_PARAM)
 
 
 def stage_param(stage: str) -> tuple[str, int]:
@@ -189,6 +192,11 @@ def _flat(trials: Sequence[FrozenTrial], stage: str) -> int | None:
     return len(mine) if hi > 0 and (hi - lo) / hi <= FLAT else None
 
 
+def at_top(value: float, top: float) -> bool:
+    """Is a ``gpu_memory_utilization`` value the range's top (values step by 0.01)?"""
+    return abs(value - top) < 5e-3
+
+
 def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | None:
     """How many trials the memory stage ran before its trial at the top of the range
     (``top``) proved best (None: not yet). More memory only adds KV blocks, so capacity does
@@ -199,16 +207,16 @@ def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | No
     mine = [t for t in trials if t.user_attrs.get("stage") == stage]
     if any(not t.state.is_finished() for t in mine):
         return None
-    at_top = [
+    tops = [
         t
         for t in mine
         if t.value is not None
         and all(v <= 0 for v in t.constraints.values())
-        and abs(float(t.user_attrs.get(f"engine.{stage}", t.params.get(stage, -1))) - top) < 5e-3
+        and at_top(float(t.user_attrs.get(f"engine.{stage}", t.params.get(stage, -1))), top)
     ]
-    if not at_top:
+    if not tops:
         return None
-    best = max(float(t.value) for t in at_top if t.value is not None)
+    best = max(float(t.value) for t in tops if t.value is not None)
     # judged against what the stage knew (trials before it and its own), so that later
     # stages' better trials cannot reopen it: a plan every controller derives alike
     first = min(t.number for t in mine)
@@ -216,7 +224,7 @@ def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | No
         float(t.value)
         for t in trials
         if t.value is not None
-        and t not in at_top
+        and t not in tops
         and (t.number < first or t.user_attrs.get("stage") == stage)
     ]
     if others and best < max(others) * (1.0 - TOP_TIE):
@@ -265,7 +273,7 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
                 n, why = top, f"{why}; closed after {top}: the top of the range is best"
             out.append(Stage(p, n, why))
             saved += tps - n
-        elif p in _CONCURRENCY:
+        elif p in CONCURRENCY:
             out.append(Stage(p, tps, "nominal"))
         else:
             choices = choices_of(b, p) or ()
@@ -277,7 +285,7 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
     # first pass saved (``saved``) are spent here, on the parameters the diagnosis points
     # at: the concurrency knobs, token budget first when the baseline is token-budget-bound.
     kind = base.user_attrs.get("diagnosis") if base is not None and done else None
-    pair = (MNBT_PARAM, "max_num_seqs") if kind == "token-budget-bound" else _CONCURRENCY
+    pair = (MNBT_PARAM, "max_num_seqs") if kind == "token-budget-bound" else CONCURRENCY
     if st.joint_refinement:
         # a short multivariate TPE phase first: it can follow the ridge along which the two
         # knobs trade off, which coordinate moves cross only slowly; the passes then polish

@@ -29,6 +29,8 @@ from autotune.report.dashboard import ENGINE_PREFIX
 from autotune.tuning.linesearch import next_on_line
 from autotune.tuning.space import MNBT_PARAM, SpaceBounds, mnbt_range
 from autotune.tuning.stages import (
+    CONCURRENCY,
+    at_top,
     baseline_trial,
     choices_of,
     stage_param,
@@ -45,9 +47,6 @@ __all__ = [
     "sampler_for",
     "stage_params",
 ]
-
-
-_CONCURRENCY = ("max_num_seqs", MNBT_PARAM)  # what the staged joint refinement moves
 
 
 def _stage_name(param: str) -> str:
@@ -192,7 +191,7 @@ def sampler_for(
         # max_model_len stage chose on over-length and capacity), so TPE spends no trial
         # undoing them
         held = {
-            k: v for k, v in fixed_point(trials, b, "max_num_seqs").items() if k not in _CONCURRENCY
+            k: v for k, v in fixed_point(trials, b, "max_num_seqs").items() if k not in CONCURRENCY
         }
         return optuna.samplers.PartialFixedSampler(held, tpe) if held else tpe
     free, k = stage_param(stage)
@@ -263,7 +262,7 @@ def _line_value(
             feasible = all(v <= 0 for v in t.constraints.values())
             score = float(t.value) if feasible else -1.0
         points.append((float(_engine(t, free)), score))
-        top_tried = top_tried or abs(float(_engine(t, free)) - hi) < 5e-3
+        top_tried = top_tried or at_top(float(_engine(t, free)), hi)
     if free == "gpu_memory_utilization" and k == 1 and not top_tried:
         # more memory only adds KV blocks (capacity never falls as it rises): the top of the
         # range first, and the stage closes when it is best (stages._top_best)
