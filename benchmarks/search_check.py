@@ -8,7 +8,7 @@ its validation phase; print each as % of the cached best known config
 (``benchmarks/data/tuning_quality_truth.json``), with the validation verdict and intervals.
 
 Usage: python benchmarks/search_check.py SCENARIO [SCENARIO ...] [--seeds 3] [--val]
-  [--strategy staged] [--trials 20] [--jobs 2] [-v]
+  [--repeats R] [--top-k K] [--strategy staged] [--trials 20] [--jobs 2] [-v]
 Ends with one JSON line.
 """
 
@@ -38,12 +38,11 @@ from autotune.tuning.interval import summary_of
 from autotune.tuning.measure import GROUND_TRUTH, measure_config
 
 
-def one(task: tuple[str, int, bool, str, int]) -> dict[str, Any]:
+def one(task: tuple[str, int, bool, str, int, dict[str, Any]]) -> dict[str, Any]:
     _quiet()
-    name, seed, val, strategy, n_trials = task
+    name, seed, val, strategy, n_trials, validate = task
     st = strategy_config(strategy, n_trials)
-    if not val:
-        st["validate"] = {"enabled": False}
+    st["validate"] = validate if val else {"enabled": False}
     cfg, text = scenario_config(name, strategy=st, seed=seed)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/s.db") as store:
@@ -77,10 +76,15 @@ def main() -> None:
     ap.add_argument("--strategy", default="staged")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument(
+        "--repeats", type=int, help="strategy.validate.repeats (default: the product's)"
+    )
+    ap.add_argument("--top-k", type=int, help="strategy.validate.top_k (default: the product's)")
     ap.add_argument("-v", action="store_true", help="print every trial")
     a = ap.parse_args()
     cache = TruthCache()
-    tasks = [(n, s, a.val, a.strategy, a.trials) for n in a.names for s in range(a.seeds)]
+    validate = {k: v for k, v in (("repeats", a.repeats), ("top_k", a.top_k)) if v is not None}
+    tasks = [(n, s, a.val, a.strategy, a.trials, validate) for n in a.names for s in range(a.seeds)]
     with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
         results = pool.map(one, tasks, chunksize=1)
     figs: dict[str, list[float]] = {"search": [], "validated": []}
@@ -103,6 +107,7 @@ def main() -> None:
             for t in r["trials"]:
                 print("    ", t)
     out: dict[str, Any] = {"bench": "search_check", "strategy": a.strategy, "trials": a.trials}
+    out["validate"] = validate
     for kind, ps in figs.items():
         if ps:
             out[f"median_pct_of_best_{kind}"] = round(statistics.median(ps), 2)

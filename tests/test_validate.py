@@ -186,6 +186,34 @@ def test_runs_are_interleaved_on_fresh_samples_of_the_workload(tmp_path: Path) -
     assert {r.sample for r in repeats} == {f"workload seed {r.workload_seed}" for r in repeats}
 
 
+def test_configs_measured_alike_are_validated_once(tmp_path: Path) -> None:
+    # trials 2 and 4 measured exactly as trial 1 and the baseline did (on the simulator:
+    # engine args that change nothing the engine does); validating them would spend the
+    # runs on behaviours already planned, so the top 2 are trials 1 and 3
+    cfg = _cfg(validate={"top_k": 2, "repeats": 2})
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 120.0, 2: 120.0, 3: 110.0, 4: 100.0, 5: 90.0})
+        trials = store.trials("t")
+        base, top = validate.candidates_of(trials, 2)
+        _validate(store, cfg, {n: (1.0 + n / 10, 0.01) for n in range(6)})
+        planned = {r.trial_number for r in store.repeats("t")}
+    assert base is not None and base.optuna_trial_number == 0
+    assert [t.optuna_trial_number for t in top] == [1, 3]
+    assert planned == {0, 1, 3}
+    by = {t.optuna_trial_number: t for t in trials}
+    assert validate.measured_alike(by[1], by[2]) and not validate.measured_alike(by[1], by[3])
+    # a level that differs in any figure makes two trials different
+    lv = types.SimpleNamespace(
+        scale=1.0, feasible=True, p99_ttft_ms=100.0, p99_tpot_ms=20.0, output_throughput=5.0
+    )
+    by[2].levels = [lv]
+    assert not validate.measured_alike(by[1], by[2])
+    by[1].levels = [types.SimpleNamespace(**{**vars(lv), "p99_ttft_ms": 100.5})]
+    assert not validate.measured_alike(by[1], by[2])
+    by[1].levels = [types.SimpleNamespace(**vars(lv))]
+    assert validate.measured_alike(by[1], by[2])
+
+
 def test_a_deadline_stops_it_and_the_next_call_resumes(tmp_path: Path) -> None:
     spec = {n: (1.0 + n / 10, 0.01) for n in range(3)}
     cfg = _cfg(validate={"top_k": 2, "repeats": 2})

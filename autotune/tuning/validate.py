@@ -40,6 +40,7 @@ __all__ = [
     "ValidationOutcome",
     "candidates_of",
     "measure_run",
+    "measured_alike",
     "plan_runs",
     "repeat_seeds",
     "run_validation",
@@ -87,27 +88,51 @@ def repeat_seeds(cfg: StudyConfig, repeat: int) -> tuple[int, int]:
     return int(a), int(b)
 
 
+def measured_alike(a: TrialRecord, b: TrialRecord) -> bool:
+    """The two trials' measurements agree in every figure: objective, capacity and each
+    level's load, verdict, latencies and throughput. Different engine args measured alike
+    behave alike to the engine (``max_num_seqs`` above the workload's concurrency, a token
+    budget no step reaches): on the simulator, whose noise is common to every trial
+    (docs/tuning.md#2-common-random-numbers), they re-measure alike on every sample too, so
+    validating both spends runs on one behaviour. Real hardware's noise never repeats a
+    float, so there nothing is alike. Without loaded levels only the objective and capacity
+    are compared."""
+
+    def figures(t: TrialRecord) -> tuple[Any, ...]:
+        return (
+            t.objective,
+            t.capacity_scale,
+            tuple(
+                (lv.scale, lv.feasible, lv.p99_ttft_ms, lv.p99_tpot_ms, lv.output_throughput)
+                for lv in t.levels
+            ),
+        )
+
+    return a.objective is not None and figures(a) == figures(b)
+
+
 def candidates_of(
     trials: Sequence[TrialRecord],
     top_k: int,
     rank: Callable[[TrialRecord], tuple[float, float]] | None = None,
 ) -> tuple[TrialRecord | None, list[TrialRecord]]:
     """The baseline trial and the ``top_k`` best feasible other configs (by ``rank``, the
-    mode's ranking rule; default the in-study objective; distinct engine args, none equal to
-    the baseline's)."""
+    mode's ranking rule; default the in-study objective): distinct engine args, none equal to
+    the baseline's, and none measured alike with the baseline or a config already chosen
+    (:func:`measured_alike`), so that the runs compare ``top_k`` behaviours."""
     rank_of = rank or (lambda t: (t.objective or 0.0, 0.0))
     done = [t for t in trials if t.state == "COMPLETE"]
     base = next((t for t in done if t.stage == "baseline"), None)
-    seen: list[dict[str, Any]] = [base.engine_args] if base is not None else []
+    seen: list[TrialRecord] = [base] if base is not None else []
     ranked = sorted(
         (t for t in done if t is not base and t.feasible and t.objective),
         key=lambda t: (tuple(-x for x in rank_of(t)), t.optuna_trial_number),
     )
     out: list[TrialRecord] = []
     for t in ranked:
-        if t.engine_args in seen:
+        if any(t.engine_args == s.engine_args or measured_alike(t, s) for s in seen):
             continue
-        seen.append(t.engine_args)
+        seen.append(t)
         out.append(t)
         if len(out) == top_k:
             break
