@@ -84,9 +84,22 @@ def test_monotone_feasibility_gives_one_lattice_point_whatever_the_start(
         # both ends of the final bracket were measured
         assert s.measured[r.index] is True and s.measured[r.index + 1] is False
     assert r.converged and r.levels == len(s.measured)
-    # without a hint: the top, the bottom, then bisection
+    # without a hint: the top, the middle (the bottom when the middle fails), then bisection
     if hint is None:
         assert r.levels <= 2 + math.ceil(math.log2(lat.top))
+
+
+def test_without_a_hint_the_bottom_is_measured_only_when_the_middle_fails() -> None:
+    # the bottom load replays longest (0.25x the rate: four times the middle's duration), and
+    # a config feasible in the middle of the lattice never needs it
+    mid = LAT.top // 2
+    high = run_search(LAT, lambda k: k <= 300, None)
+    assert list(high.measured)[:2] == [LAT.top, mid] and 0 not in high.measured
+    assert high.result().index == 300
+    low = run_search(LAT, lambda k: k <= 50, None)
+    assert list(low.measured)[:3] == [LAT.top, mid, 0] and low.result().index == 50
+    nothing = run_search(LAT, lambda k: False, None).result()
+    assert nothing.status == "below_low" and nothing.levels == 3
 
 
 def test_a_hint_next_to_the_answer_saves_levels() -> None:

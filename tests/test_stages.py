@@ -111,11 +111,13 @@ def test_memory_stage_is_skipped_exactly_when_the_baseline_says_so(
     b = {s.name: s.budget for s in plan}
     skip = kv < KV_NOT_BOTTLENECK and pre == 0
     assert b["gpu_memory_utilization"] == (0 if skip else 4)
-    # the fixed order first, the joint refinement, then the coordinate passes fill the study
+    # the fixed order first, the joint refinement, max_model_len again at the tuned
+    # concurrency (one other candidate), then the coordinate passes fill the study
     names = [s.name for s in plan]
-    assert names[:5] == [*PARAM_ORDER, "joint"]
+    assert names[:6] == [*PARAM_ORDER, "joint", "max_model_len.2"]
+    assert b["max_model_len.2"] == 1
     assert sum(b.values()) == 30 - 1  # every trial but the baseline's is planned: none lost
-    passes = names[5:]
+    passes = names[6:]
     assert passes and all(stage_param(n)[1] >= 2 for n in passes)
     # each pass revisits the pair the diagnosis points at, the token budget first when the
     # baseline is token-budget-bound
@@ -320,3 +322,28 @@ def test_staged_joint_refinement_holds_the_memory_parameters() -> None:
     assert {_ask("joint", trials, joint, seed).gpu_memory_utilization for seed in range(6)} != {
         0.95
     }
+
+
+def test_max_model_len_is_rechecked_at_the_tuned_concurrency() -> None:
+    def at(number: int, stage: str, mml: int, mns: int, value: float) -> Any:
+        t = _full(number, stage, 0.95, mns, value)
+        t.params["max_model_len"] = mml
+        return t
+
+    # pass 1 kept 4096 (2048 scored lower at the baseline's concurrency); the passes tuned
+    # max_num_seqs to 32 at 4096
+    trials = [
+        at(0, "baseline", 4096, 64, 100.0),
+        at(1, "max_model_len", 2048, 64, 99.0),
+        at(2, "max_num_seqs", 4096, 32, 130.0),
+    ]
+    one = _ask("max_model_len.2", trials, ST)
+    assert (one.max_model_len, one.max_num_seqs, one.gpu_memory_utilization) == (2048, 32, 0.95)
+    # the only other candidate measured at this point already: the pass does not let TPE
+    # draw, it measures a candidate other than the best's again
+    trials.append(at(3, "max_model_len.2", 2048, 32, 120.0))
+    again = _ask("max_model_len.2", trials, ST)
+    assert (again.max_model_len, again.max_num_seqs) == (2048, 32)
+    # a study with one candidate left has no second pass over it
+    single = SpaceBounds(max_model_len_candidates=(4096,))
+    assert "max_model_len.2" not in {s.name for s in stage_plan(trials[:1], ST, single)}

@@ -6,8 +6,9 @@ feasible and whose next point up is infeasible; both points are measured. The se
 bracket ``[ok, bad]`` of a measured feasible and a measured infeasible point and bisects it on
 the lattice until they are neighbours.
 
-- Without a hint it measures the top point, then the bottom one, then bisects: every trial and
-  the baseline get the same resolution, whatever ran before them.
+- Without a hint it measures the top point, then the middle one (by index), then the bottom
+  one only when the middle is infeasible, then bisects: every trial and the baseline get the
+  same resolution, whatever ran before them.
 - With a hint it measures the hint and its neighbour first and gallops away from it (steps
   1, 2, 4, ...) until the bracket closes, then bisects. The bracket narrows only between
   measured ends, so when feasibility is monotone in load both searches end on the same
@@ -135,7 +136,13 @@ class CapacitySearch:
 
     def _gallop(self, ok: int | None, bad: int | None, top: int) -> int:
         if self.hint is None:
-            # no hint: the top was measured infeasible, so measure the bottom next
+            # no hint: the top was measured infeasible. The middle point next (1x the
+            # workload's rate on the default lattice), and the bottom only when the middle is
+            # infeasible too: the bottom is the longest level to replay (4x the middle's
+            # duration at 0.25x), and a config feasible in the middle never needs it
+            mid = top // 2
+            if bad is not None and bad > mid and mid not in self.measured:
+                return mid
             return 0
         if bad is None:
             assert ok is not None

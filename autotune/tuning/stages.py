@@ -13,6 +13,8 @@ cannot use its trials gives them to the stages the baseline's diagnosis points a
   preemption. More memory only buys KV blocks, and a cache that never filled has blocks to
   spare; the trials go where the bottleneck is. When memory is the bottleneck the stage tries
   the top of the range first and closes after it when it is best (:func:`_top_best`);
+- after the joint refinement, ``max_model_len`` is tried again at the tuned concurrency
+  (``max_model_len.2``: each other candidate once);
 - then coordinate passes revisit the two concurrency knobs, which interact, until the trial
   budget is spent: the trials saved above go there, on the parameters the diagnosis points at
   (the token budget first in each pass when the baseline is token-budget-bound, else
@@ -290,6 +292,18 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
         # a short multivariate TPE phase first: it can follow the ridge along which the two
         # knobs trade off, which coordinate moves cross only slowly; the passes then polish
         out.append(Stage("joint", st.joint_refinement, "joint refinement (multivariate TPE)"))
+    others = len(b.max_model_len_candidates) - 1
+    if others > 0:
+        # pass 1 judged max_model_len at the baseline's concurrency, where the queue, not
+        # the few longest requests a smaller max_model_len turns away, set the latency; at
+        # the tuned concurrency the choice can differ (long-context scenario: +4 % capacity)
+        out.append(
+            Stage(
+                "max_model_len.2",
+                min(tps, others),
+                "re-checked at the tuned concurrency (pass 1 ran at the baseline's)",
+            )
+        )
     queued = len({t.user_attrs["label"] for t in trials if "label" in t.user_attrs}) or 1
     left = st.n_trials - queued - sum(s.budget for s in out)
     per = max(2, (tps + 1) // 2)

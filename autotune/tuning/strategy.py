@@ -202,9 +202,19 @@ def sampler_for(
         # instead of letting TPE draw the same few values again.
         tried = {t.params.get(free) for t in trials if t.user_attrs.get("stage") == stage}
         base = baseline_trial(trials)
-        if free == "max_model_len" and base is not None:
+        if free == "max_model_len" and base is not None and k == 1:
             tried.add(base.params.get(free))  # measured already: the stage tries the others
+        if k >= 2:
+            # a later pass re-checks the choices at the best point: one measured there
+            # already (the best's own value, or a choice this pass tried) is not run again
+            tried |= {c for c in choices if _measured_at(trials, b, {**fixed, free: c})}
         untried = [c for c in choices if c not in tried]
+        best = best_trial(trials)
+        if not untried and k >= 2 and best is not None:
+            # every choice measured at this point already (a parallel controller's, or a
+            # restarted pass): measure another than the best's rather than let TPE pick
+            now = _clip(b, free, _engine(best, free))
+            untried = [c for c in choices if c != now]
         if untried:
             fixed[free] = untried[0]
             return optuna.samplers.PartialFixedSampler(fixed, tpe)
@@ -213,6 +223,15 @@ def sampler_for(
         if value is not None:
             fixed[free] = value
     return optuna.samplers.PartialFixedSampler(fixed, tpe) if fixed else tpe
+
+
+def _measured_at(trials: Sequence[FrozenTrial], b: SpaceBounds, point: dict[str, Any]) -> bool:
+    """A complete or running trial ran ``point`` (engine values, clipped as stages hold them)."""
+    return any(
+        t.state in (TrialState.COMPLETE, TrialState.RUNNING)
+        and all(n in t.params and _clip(b, n, _engine(t, n)) == v for n, v in point.items())
+        for t in trials
+    )
 
 
 def _engine(t: FrozenTrial, name: str) -> Any:
