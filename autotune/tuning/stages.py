@@ -292,15 +292,15 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
         # a short multivariate TPE phase first: it can follow the ridge along which the two
         # knobs trade off, which coordinate moves cross only slowly; the passes then polish
         out.append(Stage("joint", st.joint_refinement, "joint refinement (multivariate TPE)"))
-    others = len(b.max_model_len_candidates) - 1
-    if others > 0:
+    alternatives = len(b.max_model_len_candidates) - 1
+    if alternatives > 0:
         # pass 1 judged max_model_len at the baseline's concurrency, where the queue, not
         # the few longest requests a smaller max_model_len turns away, set the latency; at
         # the tuned concurrency the choice can differ (long-context scenario: +4 % capacity)
         out.append(
             Stage(
                 "max_model_len.2",
-                min(tps, others),
+                min(tps, alternatives),
                 "re-checked at the tuned concurrency (pass 1 ran at the baseline's)",
             )
         )
