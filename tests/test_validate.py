@@ -227,14 +227,19 @@ def test_a_deadline_stops_it_and_the_next_call_resumes(tmp_path: Path) -> None:
         class Stop(KeyboardInterrupt):
             pass
 
-        calls = {"n": 0}
+        calls = {"starts": 0, "levels": 0}
 
         class Interrupting(NoisyRunner):
+            async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
+                calls["starts"] += 1
+                calls["levels"] = 0
+                return await super().start(engine_args, trial_name)
+
             async def run_level(
                 self, workload: Workload, scale: float, progress: Any = None
             ) -> LevelOutcome:
-                calls["n"] += 1
-                if calls["n"] == 30:  # in the third run
+                calls["levels"] += 1
+                if calls["starts"] == 3 and calls["levels"] == 3:  # in the third run
                     raise Stop
                 return await super().run_level(workload, scale, progress)
 
@@ -409,7 +414,12 @@ def test_a_killed_controllers_run_is_measured_again_after_fail_running(
         controller, "make_runner", lambda cfg, *_, **__: NoisyRunner(cfg.seed, spec, [])
     )
     cfg, text = config(
-        strategy={"name": "joint", "n_trials": 3, "capacity_levels": 4, "validate": {"top_k": 1}}
+        strategy={
+            "name": "joint",
+            "n_trials": 3,
+            "capacity_levels": 4,
+            "validate": {"top_k": 1, "repeats": 3},
+        }
     )
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
         controller.create_study(cfg, text, store)
