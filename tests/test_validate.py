@@ -212,6 +212,14 @@ def test_configs_measured_alike_are_validated_once(tmp_path: Path) -> None:
     assert not validate.measured_alike(by[1], by[2])
     by[1].levels = [types.SimpleNamespace(**vars(lv))]
     assert validate.measured_alike(by[1], by[2])
+    # an infeasible level's figures are not compared (with early stop they come from a
+    # partial replay), its load and verdict are
+    bad = {**vars(lv), "feasible": False, "p99_ttft_ms": 9000.0}
+    by[1].levels.append(types.SimpleNamespace(**bad))
+    by[2].levels.append(types.SimpleNamespace(**{**bad, "p99_ttft_ms": 9500.0}))
+    assert validate.measured_alike(by[1], by[2])
+    by[2].levels[-1].scale = 1.01
+    assert not validate.measured_alike(by[1], by[2])
 
 
 def test_a_deadline_stops_it_and_the_next_call_resumes(tmp_path: Path) -> None:

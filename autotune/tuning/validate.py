@@ -89,8 +89,11 @@ def repeat_seeds(cfg: StudyConfig, repeat: int) -> tuple[int, int]:
 
 
 def measured_alike(a: TrialRecord, b: TrialRecord) -> bool:
-    """The two trials' measurements agree in every figure: objective, capacity and each
-    level's load, verdict, latencies and throughput. Different engine args measured alike
+    """The two trials' measurements agree: objective, capacity, each level's load and
+    verdict, and every feasible level's latencies and throughput. (Infeasible levels' figures
+    are left out: with early stop they come from partial replays, and two configs that differ
+    only above their capacity must compare the same whether or not their levels stopped,
+    docs/tuning.md#10-early-stop-inside-a-level.) Different engine args measured alike
     behave alike to the engine (``max_num_seqs`` above the workload's concurrency, a token
     budget no step reaches): on the simulator, whose noise is common to every trial
     (docs/tuning.md#2-common-random-numbers), they re-measure alike on every sample too, so
@@ -103,7 +106,8 @@ def measured_alike(a: TrialRecord, b: TrialRecord) -> bool:
             t.objective,
             t.capacity_scale,
             tuple(
-                (lv.scale, lv.feasible, lv.p99_ttft_ms, lv.p99_tpot_ms, lv.output_throughput)
+                (lv.scale, lv.feasible)
+                + ((lv.p99_ttft_ms, lv.p99_tpot_ms, lv.output_throughput) if lv.feasible else ())
                 for lv in t.levels
             ),
         )
