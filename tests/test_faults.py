@@ -256,6 +256,10 @@ def ctrl_c_during_the_baseline(cluster: PgCluster, tmp: Path) -> None:
     """Ctrl-C (SIGINT) during the baseline, then resume: the baseline runs again."""
     url = fresh_database(cluster)
     d = sim_study(tmp, "ctrlc", strategy={"name": "joint", "n_trials": 1})
+    # a longer level (about 3 s of wall time, not 0.5 s): on a loaded host the baseline's
+    # whole level once finished between the worker coming up and the signal, so the run
+    # ended complete (exit 0) instead of interrupted
+    d["workload"] = {**d["workload"], "num_prompts": 240}
     planned = create(url, d)
     log = tmp / "controller.log"
     run = controller(url, "ctrlc", log)
