@@ -2,7 +2,7 @@
 ``benchmarks/tuning_quality.py`` (no early-stop comparison, no interval re-measurement).
 
 For each scenario and seed, run a study exactly as ``tuning_quality.py`` does
-(``strategy_config``, ``scenario_config``), then measure under the ground-truth protocol the
+(``tuning_quality.scenario_study``), then measure under the ground-truth protocol the
 search's own pick (its best trial) and, with ``--val``, the study's final recommendation after
 its validation phase; print each as % of the cached best known config
 (``benchmarks/data/tuning_quality_truth.json``), with the validation verdict and intervals.
@@ -20,20 +20,16 @@ import json
 import multiprocessing
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from truth import SCENARIOS, TruthCache, pct, scenario_config
-from tuning_quality import _quiet, strategy_config
+from truth import SCENARIOS, TruthCache, pct
+from tuning_quality import _quiet, scenario_study, strategy_config
 
 from autotune.report.recommend import recommend
-from autotune.store import Store
-from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.interval import summary_of
 from autotune.tuning.measure import GROUND_TRUTH, measure_config
 
@@ -43,14 +39,8 @@ def one(task: tuple[str, int, bool, str, int, dict[str, Any]]) -> dict[str, Any]
     name, seed, val, strategy, n_trials, validate = task
     st = strategy_config(strategy, n_trials)
     st["validate"] = validate if val else {"enabled": False}
-    cfg, text = scenario_config(name, strategy=st, seed=seed)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/s.db") as store:
-        create_study(cfg, text, store)
-        run_study(name, store)
-        trials = [t for t in store.trials(name) if t.state == "COMPLETE"]
-        reps = store.repeats(name)
-    out: dict[str, Any] = {"name": name, "seed": seed, "wall_s": time.perf_counter() - t0}
+    cfg, trials, reps, wall = scenario_study(name, st, seed)
+    out: dict[str, Any] = {"name": name, "seed": seed, "wall_s": wall}
     out["trials"] = [(t.stage, t.engine_args, round(t.objective or 0, 1)) for t in trials]
     picks = {"search": recommend(cfg, trials), "validated": recommend(cfg, trials, reps)}
     summary = summary_of(cfg, reps) if val else None

@@ -50,8 +50,9 @@ import yaml
 from truth import QUICK, SCENARIOS, TruthCache, args_key, ground_truth, pct, scenario_config
 from validation_check import search_only, search_only_figures, validation_figures, validation_of
 
+from autotune.config import StudyConfig
 from autotune.report.recommend import recommend
-from autotune.store import Store
+from autotune.store import RepeatRecord, Store, TrialRecord
 from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.measure import GROUND_TRUTH, measure_config
 
@@ -78,13 +79,11 @@ def strategy_config(name: str, n_trials: int, early_stop: bool = True) -> dict[s
     return out
 
 
-def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
-    """One study; what it would recommend after each budget, and what it reports.
-    ``task``: (scenario, strategy, seed, n_trials[, early_stop])."""
-    _quiet()
-    name, strategy, seed, n_trials = task[:4]
-    early = task[4] if len(task) > 4 else True
-    st_cfg = strategy_config(strategy, n_trials, early)
+def scenario_study(
+    name: str, st_cfg: dict[str, Any], seed: int
+) -> tuple[StudyConfig, list[TrialRecord], list[RepeatRecord], float]:
+    """Run one study of a scenario in a throwaway SQLite store: its config, its complete
+    trials, its validation runs and its wall seconds (``search_check.py`` runs the same)."""
     cfg, text = scenario_config(name, strategy=st_cfg, seed=seed)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/s.db") as store:
@@ -92,7 +91,18 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         run_study(name, store)
         trials = [t for t in store.trials(name) if t.state == "COMPLETE"]
         repeats = store.repeats(name)
-    wall = time.perf_counter() - t0
+    return cfg, trials, repeats, time.perf_counter() - t0
+
+
+def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
+    """One study; what it would recommend after each budget, and what it reports.
+    ``task``: (scenario, strategy, seed, n_trials[, early_stop])."""
+    _quiet()
+    name, strategy, seed, n_trials = task[:4]
+    early = task[4] if len(task) > 4 else True
+    cfg, trials, repeats, wall = scenario_study(
+        name, strategy_config(strategy, n_trials, early), seed
+    )
     recs: dict[int, Any] = {}
     for k in (b for b in BUDGETS if b <= n_trials):
         # the whole study's recommendation is the validation phase's (a prefix: the search's)

@@ -225,11 +225,17 @@ def sampler_for(
     return optuna.samplers.PartialFixedSampler(fixed, tpe) if fixed else tpe
 
 
+def _at(t: FrozenTrial, b: SpaceBounds, point: dict[str, Any]) -> bool:
+    """The trial ran at ``point``'s values (engine values, clipped as stages hold them)."""
+    return all(_clip(b, n, _engine(t, n)) == v for n, v in point.items())
+
+
 def _measured_at(trials: Sequence[FrozenTrial], b: SpaceBounds, point: dict[str, Any]) -> bool:
-    """A complete or running trial ran ``point`` (engine values, clipped as stages hold them)."""
+    """A complete or running trial ran ``point``."""
     return any(
         t.state in (TrialState.COMPLETE, TrialState.RUNNING)
-        and all(n in t.params and _clip(b, n, _engine(t, n)) == v for n, v in point.items())
+        and all(n in t.params for n in point)
+        and _at(t, b, point)
         for t in trials
     )
 
@@ -272,7 +278,7 @@ def _line_value(
     for t in trials:
         if t.state not in (TrialState.COMPLETE, TrialState.RUNNING) or free not in t.params:
             continue
-        if any(_clip(b, n, _engine(t, n)) != v for n, v in fixed.items()):
+        if not _at(t, b, fixed):
             continue
         if not lo <= float(_engine(t, free)) <= hi:
             continue  # off this pass's range
