@@ -27,6 +27,8 @@ from pydantic import (
 from autotune.errors import ConfigError
 
 __all__ = [
+    "CAPACITY_REPEATS",
+    "ONE_LEVEL_REPEATS",
     "ControllerConfig",
     "ExtraParam",
     "ModelConfig",
@@ -205,6 +207,11 @@ class SearchConfig(_Model):
         return self
 
 
+# default validation repeats per config (ValidateConfig.repeats explains the two)
+CAPACITY_REPEATS = 5
+ONE_LEVEL_REPEATS = 20
+
+
 class ValidateConfig(_Model):
     """The validation phase after the search (docs/tuning.md#7-validation): the top
     ``top_k`` configs and the baseline re-measured ``repeats`` times each on fresh workload
@@ -216,8 +223,14 @@ class ValidateConfig(_Model):
     # tuning-quality benchmark; five halve it (1.24), and the third candidate was rarely
     # chosen, so 15 runs instead of 12 (docs/tuning.md#7-validation)
     top_k: int = Field(2, ge=1)
-    # 1 is allowed (a re-measurement without an interval: one run says nothing about noise)
-    repeats: int = Field(5, ge=1)
+    # 1 is allowed (a re-measurement without an interval: one run says nothing about noise).
+    # None: by mode (StudyConfig.validation_repeats): 5 in slo-capacity, where a run is a
+    # whole capacity search; 20 in offline and fixed-rate, where a run is one level, so 20
+    # cost less than 5 capacity searches. Their figures are noisier per sample (an offline
+    # throughput hangs on the few longest requests a sample draws, which drain alone at the
+    # end): 5 repeats said "keep" on all three offline benchmark studies of a +3 % gain
+    # (docs/tuning.md#7-validation)
+    repeats: int | None = Field(None, ge=1)
     confidence: float = Field(0.95, gt=0, lt=1)
 
 
@@ -309,6 +322,15 @@ class StudyConfig(_Model):
     controller: ControllerConfig = ControllerConfig()
     storage: str | None = None
     seed: int = 0
+
+    @property
+    def validation_repeats(self) -> int:
+        """Validation repeats per config: ``strategy.validate.repeats``, else the mode's
+        default (one-level modes get more: each of their runs replays one level)."""
+        r = self.strategy.validate_.repeats
+        if r is not None:
+            return r
+        return CAPACITY_REPEATS if self.mode == "slo-capacity" else ONE_LEVEL_REPEATS
 
     @model_validator(mode="after")
     def _mode(self) -> StudyConfig:

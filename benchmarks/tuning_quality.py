@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna
 import yaml
+from early_stop_oracle import oracle_replay
 from truth import QUICK, SCENARIOS, TruthCache, args_key, ground_truth, pct, scenario_config
 from validation_check import search_only, search_only_figures, validation_figures, validation_of
 
@@ -100,9 +102,12 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
     _quiet()
     name, strategy, seed, n_trials = task[:4]
     early = task[4] if len(task) > 4 else True
-    cfg, trials, repeats, wall = scenario_study(
-        name, strategy_config(strategy, n_trials, early), seed
-    )
+    with contextlib.ExitStack() as stack:
+        # without early stop every level replays to its end: measure the oracle's stops too
+        oracle = None if early else stack.enter_context(oracle_replay(scenario_config(name)[0]))
+        cfg, trials, repeats, wall = scenario_study(
+            name, strategy_config(strategy, n_trials, early), seed
+        )
     recs: dict[int, Any] = {}
     for k in (b for b in BUDGETS if b <= n_trials):
         # the whole study's recommendation is the validation phase's (a prefix: the search's)
@@ -130,6 +135,8 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         "feasible_replay_s": sum(
             lv.metrics.get("replay_s", 0.0) for t in trials for lv in t.levels if lv.feasible
         ),
+        "oracle_s": oracle.oracle_s if oracle else None,
+        "oracle_full_s": oracle.full_s if oracle else None,
         "infeasible": sum(1 for t in trials if not t.feasible),
         "baseline": next((t.engine_args for t in trials if t.stage == "baseline"), None),
         "recs": recs,
@@ -199,11 +206,18 @@ def early_stop_figures(pool: Any, studies: list[dict[str, Any]]) -> dict[str, An
     """Runs every study again with ``strategy.early_stop: false``: the engine seconds the
     trials' levels replayed with early stop against without, and the studies whose final
     recommendation differs (the target: none, and a saving of at least 30 %). The ceiling is
-    what stopping every infeasible level at once would save: feasible levels never stop."""
+    what stopping every infeasible level at once would save: feasible levels never stop. The
+    oracle is what stopping each at the send of its k-th request over a limit would save: no
+    sound rule that reasons about requests already sent can stop earlier
+    (``early_stop_oracle.py``)."""
     tasks = [(s["scenario"], s["strategy"], s["seed"], s["n_trials"], False) for s in studies]
     off = pool.map(run_one, tasks, chunksize=1)
     on_s, off_s = sum(s["replay_s"] for s in studies), sum(s["replay_s"] for s in off)
     feasible_s = sum(s["feasible_replay_s"] for s in off)
+    # the oracle (benchmarks/early_stop_oracle.py): each level that breaks a limit cut at the
+    # send of the k-th request that breaks it, the most a sound rule could save
+    oracle_s = sum(s["oracle_s"] for s in off)
+    oracle_full_s = sum(s["oracle_full_s"] for s in off)
 
     def final(st: dict[str, Any]) -> Any:
         r = st["recs"].get(max(st["recs"])) if st["recs"] else None
@@ -218,6 +232,13 @@ def early_stop_figures(pool: Any, studies: list[dict[str, Any]]) -> dict[str, An
         "early_stop_saving_pct": round(100.0 * (1.0 - on_s / off_s), 1) if off_s else None,
         "early_stop_replay_s": {"with": round(on_s, 1), "without": round(off_s, 1)},
         "early_stop_ceiling_pct": round(100.0 * (1.0 - feasible_s / off_s), 1) if off_s else None,
+        "early_stop_oracle_pct": round(100.0 * (1.0 - oracle_s / oracle_full_s), 1)
+        if oracle_full_s
+        else None,
+        "early_stop_oracle_replay_s": {
+            "oracle": round(oracle_s, 1),
+            "full": round(oracle_full_s, 1),
+        },
         "early_stop_rec_mismatches": len(differ),
         "early_stop_mismatched": differ,
     }

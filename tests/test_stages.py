@@ -25,11 +25,11 @@ from autotune.store import Store
 from autotune.tuning.controller import _sampler_seed, create_study, run_study
 from autotune.tuning.linesearch import next_on_line
 from autotune.tuning.plan import overlength_rate, screen_max_model_len
-from autotune.tuning.scoring import Slo, trial_rank
+from autotune.tuning.scoring import Slo, binding_slo, trial_rank
 from autotune.tuning.space import PARAM_ORDER, SpaceBounds, suggest
 from autotune.tuning.stages import KV_NOT_BOTTLENECK, memory_evidence, stage_param, stage_plan
 from autotune.tuning.status import study_plan
-from autotune.tuning.strategy import sampler_for
+from autotune.tuning.strategy import POLISH, sampler_for
 
 # -- over-length screening --------------------------------------------------------------------
 
@@ -103,11 +103,13 @@ def _budgets(attrs: dict[str, Any]) -> dict[str, int]:
     kv=st.floats(0.0, 1.0),
     pre=st.sampled_from([0.0, 1.0, 40.0]),
     kind=st.sampled_from(["headroom", "token-budget-bound", "concurrency-capped"]),
+    binding=st.sampled_from([None, "p99_ttft", "p99_tpot"]),
 )
 def test_memory_stage_is_skipped_exactly_when_the_baseline_says_so(
-    kv: float, pre: float, kind: str
+    kv: float, pre: float, kind: str, binding: str | None
 ) -> None:
-    plan = _plan({"kv_usage_peak": kv, "preemptions": pre, "levels": 5, "diagnosis": kind})
+    attrs = {"kv_usage_peak": kv, "preemptions": pre, "levels": 5, "diagnosis": kind}
+    plan = _plan(attrs | ({"binding_slo": binding} if binding else {}))
     b = {s.name: s.budget for s in plan}
     skip = kv < KV_NOT_BOTTLENECK and pre == 0
     assert b["gpu_memory_utilization"] == (0 if skip else 4)
@@ -120,8 +122,9 @@ def test_memory_stage_is_skipped_exactly_when_the_baseline_says_so(
     passes = names[6:]
     assert passes and all(stage_param(n)[1] >= 2 for n in passes)
     # each pass revisits the pair the diagnosis points at, the token budget first when the
-    # baseline is token-budget-bound
-    first = "max_num_batched_tokens" if kind == "token-budget-bound" else "max_num_seqs"
+    # baseline is token-budget-bound or p99 TPOT binds its capacity
+    budget_first = kind == "token-budget-bound" or binding == "p99_tpot"
+    first = "max_num_batched_tokens" if budget_first else "max_num_seqs"
     assert stage_param(passes[0]) == (first, 2)
     assert {stage_param(n)[0] for n in passes} == {"max_num_seqs", "max_num_batched_tokens"}
 
@@ -347,3 +350,27 @@ def test_max_model_len_is_rechecked_at_the_tuned_concurrency() -> None:
     # a study with one candidate left has no second pass over it
     single = SpaceBounds(max_model_len_candidates=(4096,))
     assert "max_model_len.2" not in {s.name for s in stage_plan(trials[:1], ST, single)}
+
+
+def test_the_slo_nearest_its_limit_binds() -> None:
+    slo = Slo(p99_ttft_ms=3000.0, p99_tpot_ms=50.0)
+    assert binding_slo(1500.0, 45.0, slo) == "p99_tpot"  # 0.9 of its limit against 0.5
+    assert binding_slo(2900.0, 45.0, slo) == "p99_ttft"
+    assert binding_slo(1500.0, 25.0, slo) == "p99_ttft"  # a tie: TTFT
+    assert binding_slo(1500.0, None, slo) is None  # not measured
+    assert binding_slo(1500.0, 45.0, Slo(p99_ttft_ms=3000.0)) is None  # one SLO: nothing to pick
+
+
+def test_a_coordinate_pass_polishes_beside_the_best_point() -> None:
+    # the best point so far has max_num_seqs 64; pass 2 tries values beside it, within a
+    # factor POLISH (sqrt 2) either way, closest first: a polish of what the joint
+    # refinement found, not a second map of half to twice the value
+    trials = [_full(0, "baseline", 0.95, 128, 100.0), _full(1, "joint", 0.95, 64, 130.0)]
+    seen = []
+    for n in range(2, 5):
+        v = _ask("max_num_seqs.2", trials, ST).max_num_seqs
+        assert 64 / POLISH - 1 <= v <= 64 * POLISH + 1 and v != 64 and v not in seen
+        seen.append(v)
+        trials.append(_full(n, "max_num_seqs.2", 0.95, v, 120.0))
+    # the first two map the range's middle quarters: 64 x 2^(+-1/4) (54 and 76)
+    assert sorted(seen[:2]) == [54, 76]

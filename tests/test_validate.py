@@ -281,7 +281,10 @@ def test_the_gain_of_each_mode(tmp_path: Path, mode: str, figure: str, gain: flo
     over: dict[str, Any] = {"mode": mode}
     if mode == "offline":
         over |= {"workload": {"arrival": "closed", "concurrency": 8, "rate": None}}
-    cfg, _ = config(strategy={"capacity_levels": 24, "validate": {"top_k": 1}}, **over)
+    # five repeats in every mode (one-level modes default to 20): the floor's width below
+    cfg, _ = config(
+        strategy={"capacity_levels": 24, "validate": {"top_k": 1, "repeats": 5}}, **over
+    )
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
         _study(store, cfg, {0: 100.0, 1: 120.0})
         s = _validate(store, cfg, spec).summary
@@ -459,3 +462,30 @@ def test_an_infeasible_baseline_gets_no_gain_but_a_recommendation(tmp_path: Path
     assert rec is not None and rec.trial.optuna_trial_number == 2
     text = format_recommendation(rec)
     assert "(the latency and error SLOs in 0 of 2), so there is no gain to give; trial 2" in text
+
+
+@field("strategy.validate.repeats")
+def test_repeats_default_by_mode_and_the_plan_follows(tmp_path: Path) -> None:
+    # a capacity search per run in slo-capacity mode (5 repeats); one level per run in
+    # offline and fixed-rate mode, so 20 repeats cost less and narrow a noisier figure
+    capacity = _cfg()
+    offline = config(
+        mode="offline",
+        workload={"arrival": "closed", "concurrency": 8, "rate": None},
+        slo={"p99_ttft_ms": None, "p99_tpot_ms": None},
+    )[0]
+    fixed = config(mode="fixed-rate")[0]
+    assert capacity.strategy.validate_.repeats is None
+    assert [c.validation_repeats for c in (capacity, offline, fixed)] == [5, 20, 20]
+    # a repeats value the user sets wins in every mode
+    assert (
+        config(mode="fixed-rate", strategy={"validate": {"repeats": 3}})[0].validation_repeats == 3
+    )
+    for cfg, n in ((capacity, 5), (offline, 20)):
+        with Store.open(f"sqlite:///{tmp_path / (cfg.mode + '.db')}") as store:
+            _study(store, cfg, {0: 100.0, 1: 110.0, 2: 120.0})
+            trials = store.trials("t")
+            base, top = validate.candidates_of(trials, 2)
+            assert base is not None
+            runs = validate.plan_runs(cfg, base, top)
+        assert len(runs) == 3 * n and max(r.repeat_index for r in runs) == n - 1

@@ -31,7 +31,7 @@ import optuna
 from autotune.config import StudyConfig
 from autotune.report.recommend import capacity_rps, why_infeasible
 from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
-from autotune.tuning.scoring import CONSTRAINT_NAMES
+from autotune.tuning.scoring import CONSTRAINT_NAMES, Slo, binding_slo
 from autotune.tuning.stages import capacity_bracket, memory_evidence
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def record_trial_start(
         trial.set_user_attr(k, v)
 
 
-def _outcome_attrs(out: TrialOutcome, mode: str) -> dict[str, Any]:
+def _outcome_attrs(out: TrialOutcome, cfg: StudyConfig) -> dict[str, Any]:
     rec, score = out.record, out.score
     top = rec.headline_level()
     rps = capacity_rps(rec)
@@ -158,7 +158,7 @@ def _outcome_attrs(out: TrialOutcome, mode: str) -> dict[str, Any]:
         "p99_ttft_ms": round(top.p99_ttft_ms, 1) if top and top.p99_ttft_ms is not None else None,
         "p99_tpot_ms": round(top.p99_tpot_ms, 2) if top and top.p99_tpot_ms is not None else None,
         "kv_cache_tokens": rec.kv_cache_tokens,
-        "why_infeasible": why_infeasible(rec, mode),
+        "why_infeasible": why_infeasible(rec, cfg.mode),
         "launch_command": rec.launch_command,
     }
     if rec.diagnosis:
@@ -169,6 +169,8 @@ def _outcome_attrs(out: TrialOutcome, mode: str) -> dict[str, Any]:
     attrs["levels"] = mem.levels
     attrs["kv_usage_peak"] = round(mem.kv_peak, 4) if mem.kv_peak is not None else None
     attrs["preemptions"] = mem.preemptions
+    if score.feasible and top is not None:  # which latency SLO binds at the capacity
+        attrs["binding_slo"] = binding_slo(top.p99_ttft_ms, top.p99_tpot_ms, Slo.of(cfg.slo))
     return {k: v for k, v in attrs.items() if v is not None}
 
 
@@ -183,7 +185,7 @@ def record_trial(
     trial.storage.set_trial_system_attr(
         trial._trial_id, CONSTRAINTS_KEY, [float(out.score.constraints[n]) for n in names]
     )
-    for k, v in _outcome_attrs(out, cfg.mode).items():
+    for k, v in _outcome_attrs(out, cfg).items():
         trial.set_user_attr(k, v)
     if study.user_attrs.get(CONSTRAINTS_KEY) != _legend(names):
         study.set_user_attr(CONSTRAINTS_KEY, _legend(names))

@@ -25,6 +25,7 @@ __all__ = [
     "Slo",
     "TrialScore",
     "Violation",
+    "binding_slo",
     "failed_trial_score",
     "format_violation",
     "record_rank",
@@ -229,6 +230,18 @@ def worst_margin_of(p99_ttft_ms: float | None, p99_tpot_ms: float | None, slo: S
             return None
         ratios.append(value / target)
     return max(ratios) if ratios else None
+
+
+def binding_slo(p99_ttft_ms: float | None, p99_tpot_ms: float | None, slo: Slo) -> str | None:
+    """The latency SLO nearest its limit (``p99_ttft`` or ``p99_tpot``, the larger p99 / SLO;
+    TTFT on a tie), or None unless both are set and measured: at a trial's capacity, the one
+    that breaks first as load grows."""
+    if slo.p99_ttft_ms is None or slo.p99_tpot_ms is None:
+        return None
+    if p99_ttft_ms is None or p99_tpot_ms is None or math.isnan(p99_ttft_ms + p99_tpot_ms):
+        return None
+    tpot = p99_tpot_ms / slo.p99_tpot_ms > p99_ttft_ms / slo.p99_ttft_ms
+    return "p99_tpot" if tpot else "p99_ttft"
 
 
 def trial_rank(

@@ -17,8 +17,8 @@ cannot use its trials gives them to the stages the baseline's diagnosis points a
   (``max_model_len.2``: each other candidate once);
 - then coordinate passes revisit the two concurrency knobs, which interact, until the trial
   budget is spent: the trials saved above go there, on the parameters the diagnosis points at
-  (the token budget first in each pass when the baseline is token-budget-bound, else
-  ``max_num_seqs`` first, the fixed order).
+  (the token budget first in each pass when the baseline is token-budget-bound or p99 TPOT
+  is the SLO that binds its capacity, else ``max_num_seqs`` first, the fixed order).
 
 Every controller of a study derives the same plan from the same trials, so the plan is never
 stored as state that could disagree; ``autotune study show`` prints it with the reasons.
@@ -283,11 +283,18 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
     # Coordinate passes: the two concurrency knobs interact (a smaller token budget shortens
     # every decode step, so more sequences fit the TPOT SLO), and the first pass tuned
     # max_num_seqs at the baseline's token budget; each pass revisits both, on a range of
-    # half to twice the best point's value (docs/tuning.md#8-the-staged-plan). The trials the
+    # the best point's value over or times up to sqrt 2 (strategy.POLISH,
+    # docs/tuning.md#8-the-staged-plan). The trials the
     # first pass saved (``saved``) are spent here, on the parameters the diagnosis points
     # at: the concurrency knobs, token budget first when the baseline is token-budget-bound.
     kind = base.user_attrs.get("diagnosis") if base is not None and done else None
-    pair = (MNBT_PARAM, "max_num_seqs") if kind == "token-budget-bound" else CONCURRENCY
+    tpot = base.user_attrs.get("binding_slo") if base is not None and done else None
+    pair = CONCURRENCY
+    if kind == "token-budget-bound" or tpot == "p99_tpot":
+        # the token budget first: the baseline's steps bind it, or p99 TPOT is the SLO that
+        # binds its capacity, and a smaller budget shortens every step a decode waits on
+        # (the seed guide's FAQ: a large budget lengthens each step and worsens decode latency)
+        pair = (MNBT_PARAM, "max_num_seqs")
     if st.joint_refinement:
         # a short multivariate TPE phase first: it can follow the ridge along which the two
         # knobs trade off, which coordinate moves cross only slowly; the passes then polish

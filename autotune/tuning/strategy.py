@@ -49,6 +49,13 @@ __all__ = [
 ]
 
 
+# A coordinate pass (k >= 2) searches the best point's value divided or multiplied by up to
+# this: it polishes what the joint refinement found, so its first two trials lie at
+# 2^(+-1/4) of the best value. With 2 (half to twice) they lay at 2^(+-1/2) and stepped over
+# the long-context scenario's sharp peak in the token budget (docs/tuning.md#8-the-staged-plan)
+POLISH = 2.0**0.5
+
+
 def _stage_name(param: str) -> str:
     return param  # every sampler parameter is named after its engine arg
 
@@ -255,8 +262,8 @@ def _line_value(
 ) -> float | None:
     """A numeric stage's next value by line search (:mod:`autotune.tuning.linesearch`) over
     the trials that lie on the stage's line: every other parameter at the fixed values. Pass
-    ``k`` >= 2 (a coordinate pass, docs/tuning.md#8-the-staged-plan) searches half to twice
-    the best point's value."""
+    ``k`` >= 2 (a coordinate pass, docs/tuning.md#8-the-staged-plan) searches the best
+    point's value divided or multiplied by up to :data:`POLISH`."""
     if free == "gpu_memory_utilization":
         lo, hi, log, step = b.util_low, b.util_high, False, 0.01
     elif free == "max_num_seqs":
@@ -270,7 +277,7 @@ def _line_value(
     best = best_trial(trials)
     if k >= 2 and best is not None:
         x = float(_clip(b, free, _engine(best, free)))
-        lo, hi = max(lo, x / 2.0), min(hi, x * 2.0)
+        lo, hi = max(lo, x / POLISH), min(hi, x * POLISH)
         if step >= 1:
             lo, hi = float(math.ceil(lo)), float(math.floor(hi))
     points: list[tuple[float, float | None]] = []

@@ -150,7 +150,7 @@ def plan_runs(
     configs = [baseline, *candidates]
     k = len(configs)
     out = []
-    for r in range(cfg.strategy.validate_.repeats):
+    for r in range(cfg.validation_repeats):
         ws, js = repeat_seeds(cfg, r)
         for pos in range(k):
             t = configs[(pos + r) % k]
