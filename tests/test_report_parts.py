@@ -11,6 +11,7 @@ import optuna
 from autotune.report.dashboard import engine_attrs, enqueue_attrs, enqueued_engine_args
 from autotune.report.recommend import Recommendation, gain_text
 from autotune.report.summary import pareto_front
+from autotune.report.tables import short_stage
 from autotune.store import TrialRecord
 from autotune.telemetry.stats import SERIES_BINS, downsample
 from autotune.tuning.interval import CandidateSummary, Interval, ValidationSummary
@@ -150,3 +151,10 @@ def test_the_pareto_front_keeps_only_undominated_points() -> None:
     pts = [(100.0, 500.0, 0), (200.0, 800.0, 1), (150.0, 400.0, 2), (300.0, 790.0, 3)]
     assert pareto_front(pts) == [(100.0, 500.0, 0), (200.0, 800.0, 1)]
     assert pareto_front([]) == []
+
+
+def test_the_narrow_table_shortens_stage_labels_and_keeps_the_pass() -> None:
+    assert short_stage("max_num_batched_tokens") == "batch_tok"
+    assert short_stage("max_num_batched_tokens.2") == "batch_tok.2"
+    assert short_stage("max_num_seqs.3") == "num_seqs.3"
+    assert short_stage("joint") == "joint" and short_stage("enqueue-0") == "enqueue-0"

@@ -28,6 +28,7 @@ __all__ = [
     "Column",
     "list_json",
     "list_table",
+    "short_stage",
     "show_json",
     "show_rows",
     "show_table",
@@ -44,6 +45,15 @@ _SHORT_STAGE = {
     "max_num_seqs": "num_seqs",
     "max_num_batched_tokens": "batch_tok",
 }
+
+
+def short_stage(stage: str) -> str:
+    """A stage label as the narrow table says it, the pass kept: ``max_num_batched_tokens.2``
+    is ``batch_tok.2``."""
+    name, dot, k = stage.rpartition(".")
+    if dot and k.isdigit() and name in _SHORT_STAGE:
+        return f"{_SHORT_STAGE[name]}.{k}"
+    return _SHORT_STAGE.get(stage, stage)
 
 
 def show_rows(trials: Sequence[TrialRecord], mode: str = "slo-capacity") -> list[dict[str, Any]]:
@@ -163,7 +173,7 @@ def _cells(row: dict[str, Any], wide: bool) -> dict[str, str]:
         violation = "; ".join(row["violations"])
     else:
         violation = f"worker: {row['failure_class']}" if row["failure_class"] else "infeasible"
-    stage = row["stage"] if wide else _SHORT_STAGE.get(row["stage"], row["stage"])
+    stage = row["stage"] if wide else short_stage(row["stage"])
     return {
         "trial": str(row["trial"]),
         "state": _STATES.get(row["state"], row["state"].lower()),
