@@ -33,10 +33,9 @@ import autotune.tuning.runners as runners
 from autotune.config import StudyConfig
 from autotune.loadgen.early_stop import needed
 from autotune.sim.engine import SimResult
+from autotune.tuning.early_stop import WARMUP_PREFIX
 
 __all__ = ["OracleTally", "level_oracle", "oracle_replay"]
-
-WARMUP_PREFIX = "warmup-"
 
 
 class OracleTally:
@@ -46,8 +45,6 @@ class OracleTally:
     def __init__(self) -> None:
         self.full_s = 0.0
         self.oracle_s = 0.0
-        self.levels = 0
-        self.cut = 0  # levels that break a limit (an oracle stop exists)
 
 
 def level_oracle(cfg: StudyConfig, res: SimResult) -> tuple[float, float | None]:
@@ -62,15 +59,15 @@ def level_oracle(cfg: StudyConfig, res: SimResult) -> tuple[float, float | None]
     slo = cfg.slo
     events: list[float] = []  # candidate oracle stops (absolute engine times)
 
-    rejected = sorted(r.arrival for r in meas if r.rejected)
-    truncated = sorted(
-        r.arrival for r in meas if not r.rejected and not math.isnan(r.finish) and r.truncated
+    over = sorted(
+        r.arrival
+        for r in meas
+        if r.rejected or (not math.isnan(r.finish) and r.truncated)  # refused or cut short
     )
-    over = sorted(rejected + truncated)
-    # over-length: one more than the allowance breaks the limit (rate over planned requests)
-    allow_ovl = int(slo.max_overlength_rate * planned)
-    if len(over) > allow_ovl and len(over) / planned > slo.max_overlength_rate:
-        events.append(over[allow_ovl])
+    # over-length: the rate is over planned requests, so the first request past the
+    # allowance breaks the limit (a rate over it leaves at least allowance + 1 requests)
+    if len(over) / planned > slo.max_overlength_rate:
+        events.append(over[int(slo.max_overlength_rate * planned)])
 
     ok = [r for r in meas if not r.rejected and not math.isnan(r.finish)]
     if ok:
@@ -129,8 +126,6 @@ def oracle_replay(cfg: StudyConfig) -> Iterator[OracleTally]:
         full, cut = level_oracle(cfg, res)
         tally.full_s += full
         tally.oracle_s += full if cut is None else cut
-        tally.levels += 1
-        tally.cut += cut is not None
         return res
 
     runners.simulate = wrapped  # type: ignore[assignment]

@@ -282,11 +282,10 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
             out.append(Stage(p, min(tps, len(choices)), f"{len(choices)} choice(s)"))
     # Coordinate passes: the two concurrency knobs interact (a smaller token budget shortens
     # every decode step, so more sequences fit the TPOT SLO), and the first pass tuned
-    # max_num_seqs at the baseline's token budget; each pass revisits both, on a range of
-    # the best point's value over or times up to sqrt 2 (strategy.POLISH,
-    # docs/tuning.md#8-the-staged-plan). The trials the
-    # first pass saved (``saved``) are spent here, on the parameters the diagnosis points
-    # at: the concurrency knobs, token budget first when the baseline is token-budget-bound.
+    # max_num_seqs at the baseline's token budget; each pass revisits both, within a factor
+    # strategy.POLISH (sqrt 2) of the best point's value (docs/tuning.md#8-the-staged-plan).
+    # The trials the first pass saved (``saved``) are spent here, on the concurrency knobs,
+    # in the order the baseline points at (below).
     kind = base.user_attrs.get("diagnosis") if base is not None and done else None
     tpot = base.user_attrs.get("binding_slo") if base is not None and done else None
     pair = CONCURRENCY
