@@ -229,11 +229,24 @@ class _Search:
         return self.seen[key]
 
     def grid(self) -> None:
+        """The concurrency grid at the longest ``max_model_len`` that has a feasible config
+        (the next shorter candidate when none at the longest is: a workload whose longest
+        request needs a candidate far above the rest can leave it infeasible everywhere),
+        then the memory parameters at the grid's best. Raises ``RuntimeError`` when no
+        candidate has a feasible config: there is no ground truth to refine."""
         b = self.b
-        mml, util = max(b.max_model_len_candidates), b.util_high
-        for mns in _geom(b.mns_low, b.mns_high, 8):
-            for mnbt in _geom(b.mnbt_low, min(b.mnbt_high, 32768), 16):
-                self.eval(self.clamp(mml, util, mns, mnbt))
+        util = b.util_high
+        for mml in sorted(b.max_model_len_candidates, reverse=True):
+            for mns in _geom(b.mns_low, b.mns_high, 8):
+                for mnbt in _geom(b.mnbt_low, min(b.mnbt_high, 32768), 16):
+                    self.eval(self.clamp(mml, util, mns, mnbt))
+            if self.best[1]:
+                break
+        if not self.best[1]:
+            raise RuntimeError(
+                f"no feasible config on the grid at any max_model_len candidate "
+                f"({', '.join(map(str, b.max_model_len_candidates))}); no ground truth"
+            )
         ea = self.best[1]
         for mml in b.max_model_len_candidates:
             for util in (b.util_low, (b.util_low + b.util_high) / 2, b.util_high):
