@@ -19,6 +19,7 @@ from autotune import preflight, sizing
 from autotune.cli._app import app, console, print_json
 from autotune.config import parse_config, read_config_text, source_map
 from autotune.errors import ConfigError, NotFoundError, StorageError
+from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import (
     best_json,
     capacity_rps,
@@ -353,6 +354,12 @@ def _run(
     trials = store.trials(name)
     rec = recommend(cfg, trials, store.repeats(name))
     if rec is None:
+        low = below_lowest_load(trials, cfg.mode)
+        if low is not None:
+            # running longer measures the same lattice again: say what to lower, exit 4
+            raise NotFoundError(
+                f"{no_feasible_reason(trials, cfg.mode)}; {lower_capacity_low_hint(low)}"
+            )
         console().print(escape(no_feasible_reason(trials, cfg.mode)))
     else:
         print(format_recommendation(rec))
@@ -498,10 +505,13 @@ def best(
         trials = store.trials(name)
         r = recommend(load_study_config(rec), trials, store.repeats(name))
     if r is None:
+        low = below_lowest_load(trials, rec.mode)
+        hint = (
+            lower_capacity_low_hint(low) if low is not None else "run it longer or relax its SLOs"
+        )
         raise NotFoundError(
             f"study {name!r} has no feasible trial ({no_feasible_reason(trials, rec.mode)}); "
-            "run it longer or relax its SLOs (`autotune study show` lists each trial's "
-            "violations)"
+            f"{hint} (`autotune study show` lists each trial's violations)"
         )
     if as_json:
         print_json(best_json(name, r))
