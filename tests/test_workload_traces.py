@@ -80,7 +80,9 @@ def test_azure_keeps_all_seven_fractional_digits(tmp_path: Path) -> None:
     assert t[1] == pytest.approx(1e-7, abs=1e-12)  # one tick of the 7th digit
     assert t[2] == pytest.approx(3.4428667, abs=1e-12)
     assert [(r.prompt_len, r.output_len) for r in w.requests] == [(374, 44), (396, 109), (879, 20)]
-    assert "1 zero-length rows skipped" in w.source
+    # the zero-output row is left out and said so, under the file's own column name
+    assert "1 of 4 rows dropped: GeneratedTokens 0" in w.source
+    assert w.dropped == (("GeneratedTokens 0", 1),)
     assert all(r.prompt_token_ids is None for r in w.requests)  # no content in the trace
     assert w.requests[0].request_id == "azure-0"
 

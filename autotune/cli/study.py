@@ -317,6 +317,10 @@ def create(
             f"{cfg.worker.kind}, {prof['num_requests']} requests (p99 prompt+output "
             f"{prof['total_len']['p99']:.0f} tokens)"
         )
+        if prof.get("dropped_rows"):  # e.g. "1 of 400 rows dropped: output_tokens 0"
+            console().print(f"workload: {escape(prof['dropped_rows'])}", highlight=False)
+        for line in prof.get("warnings", []):
+            _warn(line)
         for line in study_plan(store, rec.name):
             console().print(f"plan: {escape(line)}", highlight=False)
         if run:

@@ -38,6 +38,7 @@ from autotune.tuning.plan import (
     baseline_engine_args,
     build_bounds,
     estimate_peak_concurrency,
+    longest_candidate_warning,
     screen_max_model_len,
 )
 from autotune.tuning.runners import VirtualRunner, capacity_search, make_runner
@@ -55,6 +56,7 @@ from autotune.tuning.trial import Event, TrialOutcome, TrialSetup, lattice_of, r
 from autotune.tuning.validate import VALIDATION_ATTR, ValidationOutcome, run_validation
 from autotune.workload.build import study_workload
 from autotune.workload.core import Workload
+from autotune.workload.traces import dropped_text
 
 __all__ = [
     "RunReport",
@@ -206,6 +208,19 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     study.set_user_attr(SCREENING_ATTR, screening.to_dict())
     _enqueue(study, bounds, configs)
     profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
+    # what `study create` states before anything runs: rows of the file left out, and a
+    # baseline max_model_len that a handful of requests set
+    if wl.dropped:
+        profile["dropped_rows"] = dropped_text(wl.dropped, len(wl))
+    tail = (
+        None
+        if cfg.search.max_model_len.candidates  # the user's own candidates: their choice
+        else longest_candidate_warning(
+            screening.kept, [r.prompt_len for r in wl.requests], [r.output_len for r in wl.requests]
+        )
+    )
+    if tail is not None:
+        profile["warnings"] = [tail]
     rec = StudyRecord(
         name=cfg.name,
         config_yaml=config_yaml,

@@ -24,9 +24,19 @@ __all__ = [
     "baseline_engine_args",
     "build_bounds",
     "estimate_peak_concurrency",
+    "longest_candidate_warning",
     "overlength_rate",
     "screen_max_model_len",
 ]
+
+# The largest max_model_len candidate (the baseline's) draws a warning when fewer than this
+# share of the requests need it, i.e. do not fit the next candidate below it
+# (docs/tuning.md#8-the-staged-plan): at the default margin the candidates are p95, p99 and
+# the max, so 1 % of the requests or fewer lie above the p99 candidate by construction, and
+# the max alone is the outlier's. It only warns when that candidate is also at least
+# TAIL_RATIO times the next: a max a little above p99 is an ordinary tail, not an outlier.
+TAIL_SHARE = 0.01
+TAIL_RATIO = 2.0
 
 # max_num_seqs search range when nothing else is known (configurable per study)
 _MNS_FLOOR = 8
@@ -180,3 +190,27 @@ def screen_max_model_len(
             "slo.max_overlength_rate"
         )
     return Screening(kept, rates, limit)
+
+
+def longest_candidate_warning(
+    candidates: Sequence[int], prompt: Sequence[int], output: Sequence[int]
+) -> str | None:
+    """A warning when the largest candidate, the baseline's ``max_model_len``, is set by
+    fewer than :data:`TAIL_SHARE` of the requests and is :data:`TAIL_RATIO` or more times
+    the next candidate; None otherwise. One 31,000-token request among 400 whose p99 is
+    6,155 tokens once made the baseline 34,560 without a word."""
+    cands = sorted(set(candidates))
+    if len(cands) < 2 or not prompt:
+        return None
+    top, nxt = cands[-1], cands[-2]
+    need = sum(1 for p, o in zip(prompt, output, strict=True) if p >= nxt or p + o > nxt)
+    share = need / len(prompt)
+    if share >= TAIL_SHARE or top < TAIL_RATIO * nxt:
+        return None
+    return (
+        f"max_model_len candidate {top} is set by {need} of {len(prompt)} requests "
+        f"({share * 100:.2f} %): the baseline runs at it although the next candidate, "
+        f"{nxt}, fits the other {len(prompt) - need}. To size for those, set "
+        f"search.max_model_len.high: {nxt} (the {need} then count as over-length against "
+        "slo.max_overlength_rate)"
+    )

@@ -152,7 +152,7 @@ def with_lengths(wl: Workload, lengths: Mapping[str, int]) -> Workload:
         else r
         for r in wl.requests
     ]
-    return Workload(reqs, wl.source, wl.closed_loop_concurrency)
+    return Workload(reqs, wl.source, wl.closed_loop_concurrency, wl.dropped)
 
 
 def measured_lengths_path(cfg: StudyConfig, wl: Workload) -> Path:

@@ -100,6 +100,9 @@ class Workload:
     requests: list[WorkloadRequest]
     source: str
     closed_loop_concurrency: int | None = None
+    # rows of the source file left out, (reason, count): ``study create`` states them, so a
+    # 400-row trace that yields 399 requests says why (traces.dropped_text)
+    dropped: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.closed_loop_concurrency is not None:
@@ -133,12 +136,14 @@ class Workload:
         if t.size and (not np.all(np.isfinite(t)) or t[0] < 0 or np.any(np.diff(t) < 0)):
             raise ConfigError("arrivals: times must be finite, >= 0 and non-decreasing")
         reqs = [replace(r, arrival=float(a)) for r, a in zip(self.requests, t, strict=True)]
-        return Workload(reqs, self.source + (f"; {note}" if note else ""))
+        return Workload(reqs, self.source + (f"; {note}" if note else ""), dropped=self.dropped)
 
     def closed_loop(self, concurrency: int) -> Workload:
         """The same requests as a closed loop with ``concurrency`` in flight."""
         reqs = [replace(r, arrival=None) for r in self.requests]
-        return Workload(reqs, self.source + f"; closed loop x{concurrency}", concurrency)
+        return Workload(
+            reqs, self.source + f"; closed loop x{concurrency}", concurrency, self.dropped
+        )
 
     def profile(self, peak_concurrency: int | None = None) -> WorkloadProfile:
         """Length and rate statistics plus the fingerprint; ``peak_concurrency`` as measured

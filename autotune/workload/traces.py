@@ -34,7 +34,7 @@ from autotune.workload.text import (
     approx_token_count,
 )
 
-__all__ = ["TRACE_FIELDS", "load_azure", "load_mooncake", "load_trace"]
+__all__ = ["TRACE_FIELDS", "dropped_text", "load_azure", "load_mooncake", "load_trace"]
 
 # The fields a column mapping may name, mapped from the file's own column names.
 TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "prompt")
@@ -160,7 +160,7 @@ def _build(
     blocks = HashBlockTokens(opts.block_size, opts.vocab_size, opts.seed)
     times: list[float] = []
     requests: list[WorkloadRequest] = []
-    skipped = 0
+    dropped: dict[str, int] = {}  # reason -> rows
     for line, row in rows:
         if opts.max_requests is not None and len(requests) >= opts.max_requests:
             break
@@ -177,7 +177,11 @@ def _build(
         else:
             in_len = opts.count_tokens(text or "")
         if in_len == 0 or out_len == 0:
-            skipped += 1  # zero-token rows are failed or empty requests in public traces
+            # zero-token rows are failed or empty requests in public traces: left out, and
+            # counted by reason (the file's own column name) for `study create` to state
+            col = columns["output_length"] if out_len == 0 else columns.get("input_length")
+            why = f"{col} 0" if col is not None else f"{columns['prompt']} empty"
+            dropped[why] = dropped.get(why, 0) + 1
             continue
         ids = None
         if "hash_ids" in columns:
@@ -198,15 +202,23 @@ def _build(
             path, None, None, "no usable requests (empty trace or every row has a zero length)"
         )
     arrivals = scale_trace(times, time_scale=opts.time_scale, rate_scale=opts.rate_scale)
-    note = f", {skipped} zero-length rows skipped" if skipped else ""
+    counts = tuple(sorted(dropped.items()))
+    note = f", {dropped_text(counts, len(requests))}" if counts else ""
     scale = (
         f", time x{opts.time_scale}, rate x{opts.rate_scale}"
         if (opts.time_scale, opts.rate_scale) != (1.0, 1.0)
         else ""
     )
     return Workload(
-        requests, f"{kind} {path} ({len(requests)} requests{scale}{note})"
+        requests, f"{kind} {path} ({len(requests)} requests{scale}{note})", dropped=counts
     ).with_arrivals(arrivals)
+
+
+def dropped_text(dropped: tuple[tuple[str, int], ...], kept: int) -> str:
+    """``1 of 400 rows dropped: output_tokens 0`` (reasons with their counts when several)."""
+    n = sum(c for _, c in dropped)
+    why = ", ".join(f"{r} ({c})" if len(dropped) > 1 else r for r, c in dropped)
+    return f"{n} of {n + kept} rows dropped: {why}"
 
 
 def _options(
