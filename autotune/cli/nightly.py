@@ -109,7 +109,7 @@ def nightly(
     else:
         for line in decision_lines(res.decision):
             print(line)
-        if res.decision.output_path:
+        if res.decision.output_path and res.output_written:
             print(f"  wrote {res.decision.output_path}")
     raise typer.Exit(res.exit_code)
 

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from autotune.config import StudyConfig
@@ -44,6 +45,7 @@ class NightlyResult:
     skipped: bool = False
     resumed: bool = False
     warnings: list[str] = field(default_factory=list)
+    output_written: bool = True  # False: writing the output file failed (one warning)
 
     @property
     def exit_code(self) -> int:
@@ -116,13 +118,32 @@ def _warm_configs(store: Store, history: list[DecisionRecord], k: int) -> list[t
     return [(f"warm-{prev}-{t.optuna_trial_number}", dict(t.engine_args)) for t in top]
 
 
+def _emit(path: str, rec: DecisionRecord, result: NightlyResult) -> NightlyResult:
+    """Write the output file of a recorded decision. A file that cannot be written (a full
+    disk, a read-only mount) costs one warning, never the decision or the exit status
+    (docs/nightly.md#6-the-decision-and-the-output-file): the file it would have replaced is
+    left whole (it is replaced atomically) and a run on the same day writes it again."""
+    try:
+        write_output(path, rec)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        line = f"the decision is recorded, but the output file was not written: {first}"
+        log.warning("%s", line)
+        log.debug("writing the output file failed", exc_info=True)
+        result.warnings.append(line)
+        result.output_written = False
+    return result
+
+
 def _finish(
     cfg: NightlyConfig, store: Store, rec: DecisionRecord, result: NightlyResult
 ) -> NightlyResult:
+    """Record the decision, then write the output file: the decision is what the next night
+    builds on, so nothing rendered after it can cost it."""
     if not cfg.dry_run:
-        rec.output_path = str(write_output(cfg.output, rec))
+        rec.output_path = str(Path(cfg.output))  # where the deploy pipeline reads it
     add_decision(store, rec)
-    return result
+    return result if cfg.dry_run else _emit(cfg.output, rec, result)
 
 
 def run_nightly(
@@ -154,9 +175,8 @@ def _run(
     name = f"{cfg.deployment}-{now:%Y%m%d}"
     done = next((d for d in history if d.study_name == name and d.decision != "rollback"), None)
     if done is not None:  # idempotent: today's decision stands; emit it again
-        if not cfg.dry_run and not done.dry_run:
-            write_output(cfg.output, done)
-        return NightlyResult(done, None, resumed=True)
+        again = NightlyResult(done, None, resumed=True)
+        return again if cfg.dry_run or done.dry_run else _emit(cfg.output, done, again)
     ref: Refresh = refresh(cfg, vocab_size=model.vocab_size)
     for w in ref.warnings:
         log.warning("%s", w)
@@ -197,8 +217,9 @@ def _run(
     assert rec is not None
     run_study(name, store, timeout=cfg.budget.timeout_s, on_event=on_event)
     stored = load_study_config(rec)
-    summary = summary_of(stored, store.repeats(name))
-    d = decide(summary, store.trials(name, with_levels=False), cfg.min_gain_pct)
+    trials = store.trials(name)
+    summary = summary_of(stored, store.repeats(name), trials)
+    d = decide(summary, trials, cfg.min_gain_pct)
     base.study_name = name
     base.decision, base.reason, base.exit_code = d.kind, d.reason, d.exit_code
     if d.challenger is not None:

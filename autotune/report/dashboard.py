@@ -23,12 +23,14 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from autotune.config import StudyConfig
+from autotune.errors import DatabaseLostError
 from autotune.report.recommend import capacity_rps, why_infeasible
 from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 from autotune.tuning.scoring import CONSTRAINT_NAMES, Slo, binding_slo
@@ -200,7 +202,29 @@ def record_trial(
         return
     from autotune.report.notes import trial_note
 
-    dash.save_note(trial, trial_note(out.record, cfg.mode, names))
+    with _guarded(f"the note of trial {trial.number}"):
+        dash.save_note(trial, trial_note(out.record, cfg.mode, names))
+
+
+@contextmanager
+def _guarded(what: str) -> Iterator[None]:
+    """What is only shown in optuna-dashboard never costs a trial or a run: a failure is one
+    warning line, its traceback is logged at debug level (docs/report.md#7-after-the-run).
+    A lost database is the exception: the run's next call reports it, once."""
+    try:
+        yield
+    except DatabaseLostError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        log.warning(
+            "optuna-dashboard: %s not written (%s: %s); `autotune dashboard` writes what "
+            "is missing",
+            what,
+            type(exc).__name__,
+            first,
+        )
+        log.debug("optuna-dashboard: %s not written", what, exc_info=True)
 
 
 def _legend(names: Sequence[str]) -> str:
@@ -266,6 +290,8 @@ def refresh_after_run(
     trials that have none (those shorter than :data:`NOTE_AFTER_TRIAL_S`) and the plots."""
     if run_s < PLOTS_AFTER_RUN_S:
         return
-    missing = refresh(study, cfg, record, store.trials(record.name), store.repeats(record.name))
+    missing: list[str] = []
+    with _guarded("the study's note and plots"):
+        missing = refresh(study, cfg, record, store.trials(record.name), store.repeats(record.name))
     for what in missing:
         log.info("optuna-dashboard: no %s", what)

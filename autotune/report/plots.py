@@ -8,9 +8,10 @@ placed on a latency axis and are named in the figure's subtitle instead.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -42,6 +43,8 @@ PLOT_IDS = (
     "parameter-importance",
 )
 
+log = logging.getLogger(__name__)
+
 _TEMPLATE = "plotly_white"
 _FEASIBLE, _INFEASIBLE, _FRONT, _SLO = "#1f77b4", "#d62728", "#2ca02c", "#7f7f7f"
 _LINES = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")
@@ -61,6 +64,21 @@ def _layout(fig: go.Figure, title: str, subtitle: str = "", height: int = 460) -
 
 def _config(t: TrialRecord) -> str:
     return ", ".join(f"{k}={t.engine_args[k]}" for k in ENGINE_KEYS if k in t.engine_args)
+
+
+def _on_log_axis(v: float | None) -> bool:
+    """Whether a log axis can place ``v``: a number above 0. A level where no request
+    completed stores latencies of 0 ms (vLLM's zeros for an empty sample,
+    autotune.loadgen.metrics), and a NaN may come from anywhere."""
+    return v is not None and math.isfinite(v) and v > 0
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _trial_list(nums: Sequence[int]) -> str:
+    return f"trial{'s' if len(nums) > 1 else ''} {', '.join(map(str, nums))}"
 
 
 def _unplaced(trials: Sequence[TrialRecord], key: str) -> str:
@@ -84,11 +102,15 @@ def throughput_latency_figure(view: StudyView, metric: str) -> go.Figure:
     slo = view.cfg.slo.p99_ttft_ms if metric == "ttft" else view.cfg.slo.p99_tpot_ms
     rec = view.rec.trial.optuna_trial_number if view.rec is not None else None
     pts: dict[bool, list[tuple[float, float, TrialRecord]]] = {True: [], False: []}
+    off_axis: list[int] = []
     for t in view.complete:
         lv = t.headline_level()
         x = getattr(lv, key) if lv is not None else None
         if lv is None or x is None:
             continue  # named in the subtitle
+        if not _on_log_axis(x) or not math.isfinite(lv.output_throughput):
+            off_axis.append(t.optuna_trial_number)  # named in the subtitle
+            continue
         pts[bool(t.feasible)].append((x, lv.output_throughput, t))
     fig = go.Figure()
     for ok in (True, False):
@@ -150,10 +172,15 @@ def throughput_latency_figure(view: StudyView, metric: str) -> go.Figure:
     fig.update_xaxes(title=label, type="log")
     fig.update_yaxes(title="output tok/s")
     name = "TTFT" if metric == "ttft" else "TPOT"
+    skipped = (
+        f"not on the log axis (0 ms or NaN: nothing completed): {_trial_list(off_axis)}"
+        if off_axis
+        else ""
+    )
     return _layout(
         fig,
         f"Output throughput vs p99 {name}",
-        _unplaced(view.trials, key)
+        "; ".join(s for s in (_unplaced(view.trials, key), skipped) if s)
         or f"{len(view.complete)} completed trials, each at its capacity; infeasible ones "
         "at their lowest load",
     )
@@ -212,14 +239,18 @@ def latency_vs_load_figure(view: StudyView, top: int = 3) -> go.Figure:
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("p99 TTFT", "p99 TPOT"), horizontal_spacing=0.1
     )
-    repeats = 0
+    repeats = skipped = 0
     rates: list[float] = []
     for i, (label, group) in enumerate(_distinct_top(view, top)):
         color = _LINES[i % len(_LINES)]
         for col, key in ((1, "p99_ttft_ms"), (2, "p99_tpot_ms")):
             xs, ys, lo, hi = [], [], [], []
             for rate, lvs in _by_rate(group):
-                vals = [getattr(lv, key) for lv in lvs if getattr(lv, key) is not None]
+                got = [getattr(lv, key) for lv in lvs if getattr(lv, key) is not None]
+                # both x axes are log, and the TTFT axis too: 0 ms (nothing completed) and
+                # NaN cannot be placed; the subtitle counts them
+                vals = [v for v in got if _on_log_axis(v)] if _on_log_axis(rate) else []
+                skipped += len(got) - len(vals)
                 if not vals:
                     continue
                 mean = sum(vals) / len(vals)
@@ -244,9 +275,9 @@ def latency_vs_load_figure(view: StudyView, top: int = 3) -> go.Figure:
                 row=1,
                 col=col,
             )
-    span = [min(rates), max(rates)] if rates else [0.0, 1.0]
     for col, slo in ((1, view.cfg.slo.p99_ttft_ms), (2, view.cfg.slo.p99_tpot_ms)):
-        if slo is not None:
+        if slo is not None and rates:  # no point, no load span to draw the SLO over
+            span = [min(rates), max(rates)]
             fig.add_trace(
                 _slo_line(span, [slo, slo], f"SLO {slo:g} ms", legendgroup=f"slo{col}"),
                 row=1,
@@ -261,6 +292,11 @@ def latency_vs_load_figure(view: StudyView, top: int = 3) -> go.Figure:
         if repeats
         else "one measurement per config and load (no repeats, so no intervals)"
     )
+    if not rates:
+        sub = "no latency measured at any load"
+        fig.add_annotation(text=sub, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    elif skipped:
+        sub += f"; {skipped} point(s) not on the log axes (0 ms or NaN: nothing completed)"
     return _layout(fig, "Latency vs offered load: the baseline and the best configs", sub)
 
 
@@ -291,14 +327,25 @@ def timeline_figure(view: StudyView) -> go.Figure:
     t = series["t"]
     if "kv_usage" in series:
         fig.add_trace(
-            go.Scatter(x=t, y=[100 * v for v in series["kv_usage"]], name="KV usage", mode="lines"),
+            go.Scatter(
+                x=t,
+                y=[100 * v if (v := _finite(u)) is not None else None for u in series["kv_usage"]],
+                name="KV usage",
+                mode="lines",
+            ),
             row=1,
             col=1,
         )
     for name, color in (("running", _LINES[0]), ("waiting", _LINES[1])):
         if name in series:
             fig.add_trace(
-                go.Scatter(x=t, y=series[name], name=name, mode="lines", line={"color": color}),
+                go.Scatter(
+                    x=t,
+                    y=[_finite(v) for v in series[name]],
+                    name=name,
+                    mode="lines",
+                    line={"color": color},
+                ),
                 row=2,
                 col=1,
             )
@@ -306,7 +353,7 @@ def timeline_figure(view: StudyView) -> go.Figure:
         fig.add_trace(
             go.Scatter(
                 x=t,
-                y=series["preemptions"],
+                y=[_finite(v) for v in series["preemptions"]],
                 name="preemptions (cumulative)",
                 mode="lines",
                 line={"color": _INFEASIBLE, "shape": "hv"},
@@ -360,14 +407,37 @@ def importance_figure(view: StudyView) -> go.Figure:
     )
 
 
+def _not_drawn(title: str, exc: Exception) -> go.Figure:
+    fig = go.Figure()
+    why = f"not drawn: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    fig.add_annotation(text=why, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    return _layout(fig, title, why, height=360)
+
+
 def figures(view: StudyView) -> dict[str, go.Figure]:
-    """Every plot of the report, by id (:data:`PLOT_IDS`)."""
-    figs = {
-        "throughput-vs-ttft": throughput_latency_figure(view, "ttft"),
-        "throughput-vs-tpot": throughput_latency_figure(view, "tpot"),
-        "latency-vs-load": latency_vs_load_figure(view),
-        "telemetry-over-time": timeline_figure(view),
-        "parameter-importance": importance_figure(view),
+    """Every plot of the report, by id (:data:`PLOT_IDS`). A plot that cannot be drawn is
+    a box saying why and one warning: the report and the run's end go on
+    (docs/report.md#7-after-the-run)."""
+    build: dict[str, tuple[str, Callable[[], go.Figure]]] = {
+        "throughput-vs-ttft": (
+            "Output throughput vs p99 TTFT",
+            lambda: throughput_latency_figure(view, "ttft"),
+        ),
+        "throughput-vs-tpot": (
+            "Output throughput vs p99 TPOT",
+            lambda: throughput_latency_figure(view, "tpot"),
+        ),
+        "latency-vs-load": ("Latency vs offered load", lambda: latency_vs_load_figure(view)),
+        "telemetry-over-time": ("Server state over time", lambda: timeline_figure(view)),
+        "parameter-importance": ("Parameter importance", lambda: importance_figure(view)),
     }
-    assert tuple(figs) == PLOT_IDS
+    assert tuple(build) == PLOT_IDS
+    figs: dict[str, go.Figure] = {}
+    for fid, (title, draw) in build.items():
+        try:
+            figs[fid] = draw()
+        except Exception as exc:
+            log.warning("plot %s not drawn (%s: %s)", fid, type(exc).__name__, exc)
+            log.debug("plot %s not drawn", fid, exc_info=True)
+            figs[fid] = _not_drawn(title, exc)
     return figs
