@@ -8,12 +8,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from autotune.config import ModelConfig, StudyConfig, WorkloadConfig
 from autotune.errors import ConfigError
 from autotune.workload import arrivals
 from autotune.workload.core import Workload
+from autotune.workload.resample import bootstrap, stratified_bootstrap
 from autotune.workload.sources import (
     LogNormal,
     load_sharegpt,
@@ -210,22 +209,6 @@ def study_workload(
     return measured
 
 
-def bootstrap(wl: Workload, seed: int) -> Workload:
-    """A bootstrap sample of ``wl``: its own arrival times (or closed loop), each carrying a
-    request drawn with replacement from ``wl`` (ids made unique; content kept)."""
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(wl), len(wl))
-    reqs = [
-        replace(
-            wl.requests[int(i)],
-            arrival=wl.requests[k].arrival,
-            request_id=f"{wl.requests[int(i)].request_id}~{k}",
-        )
-        for k, i in enumerate(picks)
-    ]
-    return Workload(reqs, f"{wl.source}; bootstrap (seed {seed})", wl.closed_loop_concurrency)
-
-
 def workload_sample(cfg: StudyConfig, seed: int, *, vocab_size: int) -> tuple[Workload, str]:
     """Another sample of the study's workload, for re-measurements
     (docs/tuning.md#7-validation), and how it was drawn.
@@ -233,21 +216,22 @@ def workload_sample(cfg: StudyConfig, seed: int, *, vocab_size: int) -> tuple[Wo
     Generated sources (synthetic, sharegpt-like, random) and ShareGPT are drawn again with
     ``seed`` as ``workload.seed``: new lengths and arrival times (ShareGPT: other
     conversations when the file holds more than ``num_prompts``). Trace sources (mooncake,
-    azure, trace) are bootstrapped: the trace's own arrival times (or the configured arrival
-    process drawn with ``seed``), each carrying a request drawn with replacement from the
-    trace.
+    azure, trace) are bootstrapped stratified by length
+    (:func:`autotune.workload.resample.stratified_bootstrap`): the trace's own arrival times
+    (or the configured arrival process drawn with ``seed``), its longest 1 % in every sample,
+    every other slot carrying a request of similar length drawn with replacement.
     """
     folder = model_folder(cfg.model)
     count = local_token_counter(folder) if folder is not None else None
     wcfg = cfg.workload.model_copy(update={"seed": seed})
     wl = build_workload(wcfg, vocab_size=vocab_size, count_tokens=count)
     if cfg.workload.source in _TRACES:
-        wl = bootstrap(wl, seed)
+        wl = stratified_bootstrap(wl, seed)
     return wl, sample_description(cfg, seed)
 
 
 def sample_description(cfg: StudyConfig, seed: int) -> str:
     """How :func:`workload_sample` draws the sample of ``seed``, in words."""
     if cfg.workload.source in _TRACES:
-        return f"trace bootstrap, seed {seed}"
+        return f"trace bootstrap stratified by length, seed {seed}"
     return f"workload seed {seed}"
