@@ -17,8 +17,9 @@ from rich.table import Table
 
 from autotune import preflight, sizing
 from autotune.cli._app import app, console, print_json
-from autotune.config import parse_config, read_config_text, source_map
+from autotune.config import MAX_TIMEOUT_S, MAX_TRIALS, parse_config, read_config_text, source_map
 from autotune.errors import ConfigError, NotFoundError, StorageError
+from autotune.inputs import MAX_CONFIG_BYTES
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import (
     best_json,
@@ -80,13 +81,16 @@ def _quiet_optuna() -> None:
 def _url(storage: str | None, config_storage: str | None = None) -> str | None:
     """The database setting that applies (--storage, $AUTOTUNE_DATABASE_URL, the config's);
     one that is not a URL is refused naming the setting it came from."""
+    if storage is not None and not storage.strip():
+        # an empty --storage once fell back to the default SQLite file without a word
+        raise typer.BadParameter("is empty; give a database URL", param_hint="'--storage'")
     url, origin = (
         (storage, "--storage")
-        if storage
+        if storage is not None
         else (os.environ.get(ENV_VAR), f"${ENV_VAR}")
         if os.environ.get(ENV_VAR)
         else (config_storage, "the config's storage")
-        if config_storage
+        if config_storage is not None
         else (None, "")
     )
     try:
@@ -274,8 +278,16 @@ def create(
     storage: StorageOpt = None,
     run: Annotated[bool, typer.Option("--run", help="run the study right away")] = False,
     n_trials: Annotated[
-        int | None, typer.Option(min=1, help="with --run: " + _N_TRIALS_HELP)
+        int | None, typer.Option(min=1, max=MAX_TRIALS, help="with --run: " + _N_TRIALS_HELP)
     ] = None,
+    max_config_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-config-bytes",
+            min=1,
+            help=f"refuse a larger config file (default {MAX_CONFIG_BYTES:,})",
+        ),
+    ] = MAX_CONFIG_BYTES,
     allow_large_workload: Annotated[
         bool,
         typer.Option(
@@ -297,7 +309,7 @@ def create(
                 param_hint=f"'{flag.split()[0]}'",
             )
     _check_gpus(gpus, gpus_per_trial)
-    text = read_config_text(config)
+    text = read_config_text(config, max_config_bytes)
     cfg = parse_config(text, str(config))
     if gpus is not None:
         plan_lanes(gpus, gpus_per_trial, cfg)  # before anything is stored
@@ -373,7 +385,9 @@ def _run(
 def run_cmd(
     name: Annotated[str, typer.Argument(help="study name")],
     storage: StorageOpt = None,
-    n_trials: Annotated[int | None, typer.Option(min=1, help=_N_TRIALS_HELP + " this run")] = None,
+    n_trials: Annotated[
+        int | None, typer.Option(min=1, max=MAX_TRIALS, help=_N_TRIALS_HELP + " this run")
+    ] = None,
     timeout: Annotated[float | None, typer.Option(help="stop after S seconds (S > 0)")] = None,
     fail_running: Annotated[
         bool,
@@ -388,9 +402,10 @@ def run_cmd(
 ) -> None:
     """Run (or resume) a study. Several controllers may run one study at once (Postgres),
     each with --gpus to run its trials in parallel (docs/parallel.md)."""
-    if timeout is not None and not timeout > 0:  # also NaN
+    if timeout is not None and not 0 < timeout <= MAX_TIMEOUT_S:  # also NaN and inf
         raise typer.BadParameter(
-            f"{timeout:g} is not a positive number of seconds", param_hint="'--timeout'"
+            f"{timeout:g} is not a positive number of seconds (at most {MAX_TIMEOUT_S:.0f})",
+            param_hint="'--timeout'",
         )
     _check_gpus(gpus, gpus_per_trial)
     with study_store(storage, name) as store:  # run_study names a missing study

@@ -20,7 +20,13 @@ from typing import Final, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import DatabaseLostError
-from autotune.store._engine import is_disconnect, mask_url, one_line
+from autotune.store._engine import (
+    disk_full_error,
+    is_disconnect,
+    is_disk_full,
+    mask_url,
+    one_line,
+)
 
 __all__ = ["NOT_LANDED", "NotLanded", "Resilience", "is_transient"]
 
@@ -148,6 +154,8 @@ class Resilience:
             try:
                 result = fn()
             except Exception as exc:
+                if is_disk_full(exc):  # never transient (PostgreSQL's is an OperationalError)
+                    raise disk_full_error(self.url, exc) from exc
                 if self.tolerance_s <= 0 or not is_transient(exc):
                     raise
                 self._wait_or_give_up(what, exc, delay)

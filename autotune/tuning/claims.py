@@ -28,9 +28,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import StrategyConfig
+from autotune.config import SearchConfig, StrategyConfig
 from autotune.report.dashboard import enqueued_engine_args
 from autotune.store import Store
+from autotune.tuning.edges import widen_at_claim
 from autotune.tuning.recovery import Recovery, claim_key
 from autotune.tuning.rounding import tidy_steps
 from autotune.tuning.space import SpaceBounds, suggest
@@ -135,6 +136,7 @@ class Claims:
         recovery: Recovery,
         seed_for: Callable[[int], int],
         on_claim: Callable[[int], None] | None = None,
+        search: SearchConfig | None = None,
     ) -> None:
         self.store, self.study, self.name = store, study, name
         self.fleet = store.fleet()
@@ -142,6 +144,7 @@ class Claims:
         self.strategy, self.bounds = strategy, bounds
         self.recovery, self.seed_for = recovery, seed_for
         self.on_claim = on_claim  # the trial id, to heartbeat from now on
+        self.search = search  # the edges the user set are never widened (tuning/edges.py)
 
     def recover(self, *, full: bool = False) -> list[str]:
         """A recovery pass on its own (a controller's start: ``full``)."""
@@ -171,6 +174,11 @@ class Claims:
             decision = decide(trials, self.strategy, self.bounds)
             if not isinstance(decision, str):
                 return decision
+            # the stored bounds, with the edges widened so far; a coordinate pass may widen
+            # one the best point sits on, once (docs/tuning.md#8-the-staged-plan)
+            bounds, widened = widen_at_claim(self.study, self.bounds, trials, decision, self.search)
+            for w in widened:
+                log.warning("search widened: %s", w.line())
             with warnings.catch_warnings():
                 # the baseline may lie outside the ranges on purpose (vLLM's defaults), and
                 # PartialFixedSampler is what the staged method needs, experimental or not
@@ -182,13 +190,13 @@ class Claims:
                     sampler_for(
                         decision,
                         trials,
-                        self.bounds,
+                        bounds,
                         self.seed_for(len(trials)),
                         self.strategy,
                     )
                 )
                 trial = self.study.ask()
-                values = suggest(trial, self.bounds)
+                values = suggest(trial, bounds)
             engine_args = enqueued_engine_args(trial.user_attrs) or values.engine_args()
             label = trial.user_attrs.get("label")
             # a retry keeps its stage; a first enqueued run is named by its label

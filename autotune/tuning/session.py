@@ -104,6 +104,7 @@ class ControllerSession:
             recovery=self.recovery,
             seed_for=self.seed_for,
             on_claim=self.heartbeat.add,
+            search=self.cfg.search,
         )
         lines = self.recovery.reap_local()
         lines += self.claims.recover(full=True)

@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
 from autotune.tuning.controller import _bounds_from_json, load_study_config
+from autotune.tuning.edges import apply_widenings, stored_widenings
 from autotune.tuning.stages import SCREENING_ATTR, plan_lines
 from autotune.tuning.strategy import planned_total
 
@@ -106,4 +107,7 @@ def study_plan(store: Store, name: str) -> list[str]:
     cfg = load_study_config(rec)
     bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
     screening = study.user_attrs.get(SCREENING_ATTR)
-    return plan_lines(study.get_trials(deepcopy=False), cfg.strategy, bounds, screening)
+    widened = stored_widenings(study.user_attrs)  # edges moved out by the passes so far
+    bounds = apply_widenings(bounds, widened)
+    lines = plan_lines(study.get_trials(deepcopy=False), cfg.strategy, bounds, screening)
+    return lines + [w.line() for w in widened]
