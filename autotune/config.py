@@ -20,14 +20,18 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from autotune.errors import ConfigError
+from autotune.inputs import MAX_CONFIG_BYTES, check_number, check_yaml, clean_url, read_regular_file
 
 __all__ = [
     "CAPACITY_REPEATS",
+    "MAX_TIMEOUT_S",
+    "MAX_TRIALS",
     "ONE_LEVEL_REPEATS",
     "ControllerConfig",
     "ExtraParam",
@@ -56,8 +60,26 @@ _ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 _GPUS = re.compile(r"^[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*$")
 
 
+# The most trials one study or run may ask for, and the longest time limit (a year): sane
+# upper bounds that still refuse `n_trials: 1000000000000` and `timeout: inf`; the CLI's
+# --n-trials and --timeout share them.
+MAX_TRIALS = 100_000
+MAX_TIMEOUT_S = 365 * 86400.0
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `rate: .inf` / `.nan` are refused at their field as "a finite
+    # number" rather than failing later, far from the line (docs/bad-input.md)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads `n_trials: true` as 1; autotune.inputs.check_number
+        # refuses booleans in numeric fields and integers beyond 64 bits
+        if info.field_name is not None:
+            check_number(v, cls.model_fields[info.field_name].annotation)
+        return v
 
 
 class ModelConfig(_Model):
@@ -76,7 +98,7 @@ class WorkerConfig(_Model):
     env_passthrough: list[str] = Field(default_factory=list)
     gpus: str | None = None
     host: str = "127.0.0.1"
-    startup_timeout_s: float = Field(900.0, gt=0)
+    startup_timeout_s: float = Field(900.0, gt=0, le=MAX_TIMEOUT_S)
     workdir: str = ".autotune/workers"
     time_scale: float = Field(1.0, gt=0, description="sim worker: engine runs X times faster")
     sim_startup_delay_s: float = Field(0.0, ge=0)
@@ -240,12 +262,16 @@ class StrategyConfig(_Model):
         validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
     )
     name: Literal["staged", "joint", "random", "grid"] = "staged"
-    n_trials: int = Field(24, ge=1)
-    trials_per_stage: int = Field(5, ge=1)
+    # upper bounds: a trial takes seconds at the very least, so more than MAX_TRIALS is a
+    # typo (an extra zero or three), not a plan
+    n_trials: int = Field(24, ge=1, le=MAX_TRIALS)
+    trials_per_stage: int = Field(5, ge=1, le=MAX_TRIALS)
     # staged: multivariate TPE trials after the first pass, before the coordinate passes
     # (docs/tuning.md#8-the-staged-plan); 5 is what the tuning-quality benchmark measured
     joint_refinement: int = Field(5, ge=0)
-    timeout_s: float | None = Field(None, gt=0, description="a run's default time limit")
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="a run's default time limit"
+    )
     # slo-capacity: loads lie on the lattice capacity_low * (1 + capacity_resolution)^k up to
     # capacity_high (docs/tuning.md#1-the-capacity-lattice); capacity_levels caps the levels
     # one trial may measure (a safety net: a search needs about log2(lattice size) + 2).
@@ -276,6 +302,7 @@ class TelemetryConfig(_Model):
     @classmethod
     def _http_url(cls, v: str | None) -> str | None:
         if v is not None:
+            v = clean_url(v)
             _check_http_url(v)
         return v
 
@@ -420,6 +447,7 @@ def _to_python(
 
 
 def _compose(text: str, source: str) -> yaml.Node:
+    check_yaml(text, source)  # aliases, depth and size, before any node is built
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -491,13 +519,11 @@ def parse_document(text: str, source: str, model: type[M]) -> M:
         raise ConfigError(f"{source}:{lineno or 1}: {field}: {msg}{more}") from exc
 
 
-def read_config_text(path: str | Path) -> str:
-    """A config file's text: UTF-8, one error line if it cannot be read or decoded."""
+def read_config_text(path: str | Path, max_bytes: int = MAX_CONFIG_BYTES) -> str:
+    """A config file's text: a regular file of at most ``max_bytes``, UTF-8; one error line
+    if it cannot be read or decoded."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read config ({exc.strerror or exc})") from exc
+    data = read_regular_file(p, max_bytes, "config")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

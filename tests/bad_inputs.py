@@ -13,6 +13,7 @@ A case's ``args`` may name ``{config}`` (the study YAML written from ``config``/
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,326 @@ def _jsonl(*rows: object) -> str:
 
 
 _BASE_TEXT = "name: fresh\nhardware: A100-80GB\nmodel: {name: meta-llama/Llama-3.1-8B-Instruct}\n"
+
+
+def _bomb(levels: int = 9) -> str:
+    """A "billion laughs" YAML: each line's list holds nine copies of the previous one."""
+    names = [f"l{i}" for i in range(levels)]
+    rows = [f"{names[0]}: &{names[0]} [x, x, x, x, x, x, x, x, x]"]
+    rows += [f"{n}: &{n} [{', '.join(['*' + p] * 9)}]" for p, n in itertools.pairwise(names)]
+    return "\n".join(rows) + "\n"
+
+
+BOMB = _bomb()
+
+# Hostile input: what a user who tries to break autotune sends (aliases, special files,
+# numbers too large for their type, infinities, booleans for counts, empty strings, control
+# characters, ports out of range); each is refused in one line before anything is stored.
+HOSTILE: list[Case] = [
+    Case(
+        "hostile-yaml-bomb",
+        "size",
+        f"a {len(BOMB)}-byte YAML alias bomb (nine levels of &a/*a: 9^9 values expanded)",
+        text=BOMB,
+        line="study.yaml:2: YAML aliases (*l0) are not supported",
+    ),
+    Case(
+        "hostile-yaml-anchor",
+        "config file",
+        "an anchor (&n) no alias uses",
+        text="name: &n fresh\nhardware: A100-80GB\n",
+        line="study.yaml:1: YAML anchors (&n) are not supported",
+    ),
+    Case(
+        "hostile-yaml-deep",
+        "size",
+        "lists nested 100 deep",
+        text="name: " + "[" * 100 + "]" * 100 + "\n",
+        line="study.yaml:1: the document nests deeper than 64 levels",
+    ),
+    Case(
+        "hostile-yaml-many-values",
+        "size",
+        "a list of 150,000 numbers",
+        text="enqueue: [" + "1," * 150_000 + "1]\n",
+        line="holds more than 100,000 values",
+    ),
+    Case(
+        "hostile-config-too-big",
+        "size",
+        "a 1.1 MB config (a long comment)",
+        text="# " + "x" * 1_100_000 + "\n" + _BASE_TEXT,
+        line="is 1,100,",
+    ),
+    Case(
+        "hostile-config-max-bytes",
+        "CLI flag",
+        "create --max-config-bytes 100 on a normal config",
+        args=(*CREATE, "--max-config-bytes", "100"),
+        line="more than the 100 allowed",
+    ),
+    Case(
+        "hostile-config-max-bytes-zero",
+        "CLI flag",
+        "create --max-config-bytes 0",
+        args=(*CREATE, "--max-config-bytes", "0"),
+        code=2,
+        line="'--max-config-bytes'",
+    ),
+    Case(
+        "hostile-config-dev-zero",
+        "special file",
+        "--config /dev/zero (never ends)",
+        args=("study", "create", "--config", "/dev/zero", "--storage", "{db}"),
+        line="/dev/zero: cannot read config (it is not a regular file",
+    ),
+    Case(
+        "hostile-config-dev-null",
+        "special file",
+        "--config /dev/null",
+        args=("study", "create", "--config", "/dev/null", "--storage", "{db}"),
+        line="it is not a regular file",
+    ),
+    Case(
+        "hostile-n-trials-bool",
+        "config field",
+        "strategy.n_trials: true (a boolean for a count)",
+        config={"strategy": {"n_trials": True}},
+        line="strategy.n_trials: Input should be a number, not the boolean true",
+    ),
+    Case(
+        "hostile-num-prompts-bool",
+        "config field",
+        "workload.num_prompts: false",
+        config=_w(num_prompts=False),
+        line="workload.num_prompts: Input should be a number, not the boolean false",
+    ),
+    Case(
+        "hostile-rate-bool",
+        "config field",
+        "workload.rate: true",
+        config=_w(rate=True),
+        line="workload.rate: Input should be a number, not the boolean true",
+    ),
+    Case(
+        "hostile-candidates-bool",
+        "config field",
+        "max_model_len candidates holding true",
+        config={"search": {"max_model_len": {"candidates": [2048, True]}}},
+        line="search.max_model_len.candidates: Input should be a number, not the boolean",
+    ),
+    Case(
+        "hostile-n-trials-huge",
+        "config field",
+        "strategy.n_trials: 1000000000000",
+        config={"strategy": {"n_trials": 10**12}},
+        line="strategy.n_trials: Input should be less than or equal to 100000",
+    ),
+    Case(
+        "hostile-seed-beyond-64-bits",
+        "config field",
+        "seed: 10**30 (too large for a 64-bit column)",
+        config={"seed": 10**30},
+        line="seed: Input should be at most 9,223,372,036,854,775,807",
+    ),
+    Case(
+        "hostile-rate-inf",
+        "config field",
+        "workload.rate: .inf",
+        config=_w(rate=float("inf")),
+        line="workload.rate: Input should be a finite number",
+    ),
+    Case(
+        "hostile-rate-nan",
+        "config field",
+        "workload.rate: .nan",
+        config=_w(rate=float("nan")),
+        line="workload.rate: Input should be a finite number",
+    ),
+    Case(
+        "hostile-timeout-inf",
+        "config field",
+        "strategy.timeout_s: .inf",
+        config={"strategy": {"timeout_s": float("inf")}},
+        line="strategy.timeout_s: Input should be a finite number",
+    ),
+    Case(
+        "hostile-timeout-huge",
+        "config field",
+        "strategy.timeout_s: 1e12 (31,000 years)",
+        config={"strategy": {"timeout_s": 1e12}},
+        line="strategy.timeout_s: Input should be less than or equal to",
+    ),
+    Case(
+        "hostile-slo-inf",
+        "config field",
+        "slo.p99_ttft_ms: .inf",
+        config={"slo": {"p99_ttft_ms": float("inf")}},
+        line="slo.p99_ttft_ms: Input should be a finite number",
+    ),
+    Case(
+        "hostile-startup-timeout-nan",
+        "config field",
+        "worker.startup_timeout_s: .nan",
+        config={"worker": {"startup_timeout_s": float("nan")}},
+        line="worker.startup_timeout_s: Input should be a finite number",
+    ),
+    Case(
+        "hostile-name-empty",
+        "config field",
+        "name: '' (an empty string)",
+        config={"name": ""},
+        line="name: String should match pattern",
+    ),
+    Case(
+        "hostile-prometheus-url-empty",
+        "URL",
+        "telemetry.prometheus_url: ''",
+        config={"telemetry": {"prometheus_url": ""}},
+        line="telemetry.prometheus_url: is empty; give a URL",
+    ),
+    Case(
+        "hostile-prometheus-url-control",
+        "URL",
+        "telemetry.prometheus_url with a newline inside",
+        config={"telemetry": {"prometheus_url": "http://prom\n:9090"}},
+        line="telemetry.prometheus_url: holds a control character",
+    ),
+    Case(
+        "hostile-config-storage-empty",
+        "URL",
+        "storage: '' in the config",
+        args=("study", "create", "--config", "{config}"),
+        config={"storage": ""},
+        line="the config's storage: the study database setting is empty",
+    ),
+    Case(
+        "hostile-storage-empty",
+        "CLI flag",
+        "--storage '' (once fell back to the default file)",
+        args=("study", "list", "--storage", ""),
+        code=2,
+        line="Invalid value for '--storage': is empty",
+    ),
+    Case(
+        "hostile-storage-control",
+        "URL",
+        "--storage with a newline inside",
+        args=("study", "list", "--storage", "sqlite:///{tmp}/a\nb.db"),
+        line="--storage: the study database setting holds a control character",
+    ),
+    Case(
+        "hostile-env-url-blank",
+        "environment",
+        "AUTOTUNE_DATABASE_URL holding only a newline",
+        args=("study", "list"),
+        env={"AUTOTUNE_DATABASE_URL": " \n"},
+        line="$AUTOTUNE_DATABASE_URL: the study database setting is empty",
+    ),
+    Case(
+        "hostile-env-url-control",
+        "environment",
+        "AUTOTUNE_DATABASE_URL with an escape character",
+        args=("study", "list"),
+        env={"AUTOTUNE_DATABASE_URL": "sqlite:///a\x1b[2J.db"},
+        line="holds a control character ('\\x1b')",
+    ),
+    Case(
+        "hostile-run-timeout-inf",
+        "CLI flag",
+        "run --timeout inf",
+        args=(*RUN, "--timeout", "inf"),
+        code=2,
+        line="Invalid value for '--timeout': inf is not a positive number of seconds",
+    ),
+    Case(
+        "hostile-run-n-trials-huge",
+        "CLI flag",
+        "run --n-trials 1000000000000",
+        args=(*RUN, "--n-trials", "1000000000000"),
+        code=2,
+        line="Invalid value for '--n-trials'",
+    ),
+    Case(
+        "hostile-create-n-trials-beyond-64-bits",
+        "CLI flag",
+        "create --run --n-trials 10**30",
+        args=(*CREATE, "--run", "--n-trials", str(10**30)),
+        code=2,
+        line="Invalid value for '--n-trials'",
+    ),
+    Case(
+        "hostile-sim-serve-port",
+        "CLI flag",
+        "sim serve --port 99999",
+        args=("sim", "serve", "m", "--hardware", "H100-80GB", "--port", "99999"),
+        code=2,
+        line="argument --port: '99999' is not a port (0 to 65535)",
+    ),
+    Case(
+        "hostile-sim-serve-port-negative",
+        "CLI flag",
+        "sim serve --port -1",
+        args=("sim", "serve", "m", "--hardware", "H100-80GB", "--port=-1"),
+        code=2,
+        line="'-1' is not a port",
+    ),
+    Case(
+        "hostile-sim-serve-time-scale-inf",
+        "CLI flag",
+        "sim serve --time-scale inf",
+        args=("sim", "serve", "m", "--hardware", "H100-80GB", "--time-scale", "inf"),
+        code=2,
+        line="argument --time-scale: 'inf' is not a finite positive number",
+    ),
+    Case(
+        "hostile-serve-port",
+        "CLI flag",
+        "serve --port 99999",
+        args=("serve", "--port", "99999", "--storage", "{db}"),
+        code=2,
+        line="Invalid value for '--port'",
+    ),
+    Case(
+        "hostile-bench-url-control",
+        "URL",
+        "bench --base-url with a newline inside",
+        args=("bench", "--base-url", "http://127.0.0.1\n:8000", "--num-prompts", "1"),
+        code=2,
+        line="'--base-url': holds a control character",
+    ),
+    Case(
+        "hostile-export-disk-full",
+        "special file",
+        "export -o /dev/full (no space left)",
+        args=("study", "export", EXISTING, "--storage", "{db}", "-o", "/dev/full"),
+        line="/dev/full: cannot write (No space left on device)",
+    ),
+    Case(
+        "hostile-trace-tokens-huge",
+        "data file",
+        "a Mooncake row with input_length 1e23",
+        config={"workload": MOONCAKE},
+        data=_jsonl(GOOD_ROW, {**GOOD_ROW, "timestamp": 1, "input_length": 1e23}),
+        line="data.jsonl:2: field 'input_length': 1e+23 is more than the 2,147,483,647 allowed",
+    ),
+    Case(
+        "hostile-trace-tokens-infinity",
+        "data file",
+        "a Mooncake row with input_length Infinity",
+        config={"workload": MOONCAKE},
+        data=_jsonl(GOOD_ROW, '{"timestamp": 1, "input_length": Infinity, "output_length": 1}'),
+        line="expected a finite number",
+    ),
+    Case(
+        "hostile-trace-tokens-bool",
+        "data file",
+        "a Mooncake row with output_length true",
+        config={"workload": MOONCAKE},
+        data=_jsonl(GOOD_ROW, {**GOOD_ROW, "timestamp": 1, "output_length": True}),
+        line="expected a number, got True",
+    ),
+]
 
 CASES: list[Case] = [
     # -- the config file ------------------------------------------------------------------
@@ -993,4 +1314,5 @@ CASES: list[Case] = [
         config=_w(num_prompts=1_000_000),
         line="1,000,000 prompts need about",
     ),
+    *HOSTILE,
 ]

@@ -10,6 +10,7 @@ registers them on ``app``.
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -80,6 +81,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:  # outside typer's reach (e.g. during start-up)
         sys.exit(130)
+    except OSError as exc:
+        # a full disk is the machine's state, not a bug: one line wherever it struck (the
+        # study database's own is a StorageError already, autotune.store._engine)
+        if exc.errno != errno.ENOSPC:
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"error: no space left on the device{where}; free some space", file=sys.stderr)
+        sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

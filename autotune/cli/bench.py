@@ -15,6 +15,7 @@ from rich.live import Live
 from autotune.cli._app import app, console
 from autotune.config import WorkloadConfig
 from autotune.errors import ConfigError
+from autotune.inputs import clean_url
 from autotune.loadgen.bench import format_result, parse_goodput, run_bench
 from autotune.loadgen.runner import ProgressSnapshot
 
@@ -66,9 +67,11 @@ def _workload(
         ) from exc
 
 
-def _check_base_url(url: str) -> None:
-    """An http(s) URL with a host and a numeric port, or a usage error (exit 2)."""
+def _check_base_url(url: str) -> str:
+    """An http(s) URL with a host and a numeric port, stripped of surrounding whitespace, or
+    a usage error (exit 2)."""
     try:
+        url = clean_url(url)
         parts = urlsplit(url)
         parts.port  # noqa: B018  (ValueError for a port that is not a number)
     except ValueError as exc:
@@ -78,6 +81,7 @@ def _check_base_url(url: str) -> None:
             "not an http:// or https:// URL (e.g. http://127.0.0.1:8000)",
             param_hint="'--base-url'",
         )
+    return url
 
 
 @app.command("bench")
@@ -111,7 +115,7 @@ def bench(
     save_detailed: Annotated[bool, typer.Option(help="add per-request records")] = False,
 ) -> None:
     """Replay a workload against a server and report like `vllm bench serve`."""
-    _check_base_url(base_url)
+    base_url = _check_base_url(base_url)
     if endpoint not in ("completions", "chat"):
         raise ConfigError(f"--endpoint must be completions or chat, not {endpoint!r}")
     try:

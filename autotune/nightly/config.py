@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from autotune.config import (
     ModelConfig,
@@ -26,6 +26,10 @@ from autotune.config import (
     parse_document,
     read_config_text,
 )
+from autotune.config import (
+    _Model as _ConfigModel,
+)
+from autotune.inputs import clean_url
 
 __all__ = [
     "BudgetConfig",
@@ -39,8 +43,9 @@ __all__ = [
 _ENGINE_KEYS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Model(_ConfigModel):
+    """The study config's base: unknown fields refused, numbers finite, no booleans for
+    counts (autotune.inputs.check_number)."""
 
 
 class TrafficConfig(_Model):
@@ -64,6 +69,7 @@ class TrafficConfig(_Model):
     @classmethod
     def _url(cls, v: str | None) -> str | None:
         if v is not None:
+            v = clean_url(v)
             _check_http_url(v)
         return v
 

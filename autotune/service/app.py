@@ -27,6 +27,7 @@ from autotune.errors import AutotuneError, ConfigError, StorageError
 from autotune.nightly.records import decisions
 from autotune.report.recommend import best_json, recommend
 from autotune.report.tables import list_json, show_rows
+from autotune.service.limits import handler_args, url_limit
 from autotune.service.metrics import metrics_text
 from autotune.service.openapi import openapi_document
 from autotune.service.policy import PolicyError, ServerWorker, apply_policy
@@ -252,7 +253,11 @@ def routes_of(app: web.Application) -> set[tuple[str, str]]:
 
 
 def make_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=settings.max_body)
+    app = web.Application(
+        middlewares=[_errors, url_limit(_error), _auth],
+        client_max_size=settings.max_body,
+        handler_args=handler_args(),
+    )
     app[_SETTINGS] = settings
     if settings.spawn is None:
         settings.spawn = child_spawner(settings)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -101,7 +102,12 @@ def _vllm_type(spec: FlagSpec) -> Callable[[str], Any]:
         problem = check_value(_single(spec), text)
         if problem is not None:
             raise argparse.ArgumentTypeError(problem.split(": ", 1)[-1])
-        return _typed(spec, text)
+        value = _typed(spec, text)
+        # vLLM takes any int here and fails at bind() with a traceback; a usage error is
+        # the parser's to report (exit 2)
+        if spec.dest == "port" and not 0 <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+        return value
 
     convert.__name__ = spec.kind  # argparse names it in "invalid <name> value"
     return convert
@@ -174,6 +180,23 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def _finite(*, positive: bool = False) -> Callable[[str], float]:
+    """An argparse type for the --sim-* numbers: finite, and non-negative (or positive): an
+    infinite --time-scale once started a server that never answered."""
+
+    def number(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(x) or x < 0 or (positive and x == 0):
+            what = "positive" if positive else "non-negative"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite {what} number")
+        return x
+
+    return number
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with vLLM's error text and exit status 2, on one line (no usage block)."""
 
@@ -193,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--hardware", required=True, help="GPU profile (autotune sim hardware)")
     sim.add_argument(
         "--time-scale",
-        type=float,
+        type=_finite(positive=True),
         default=1.0,
         help="run the engine X times faster than wall time (reported in /version)",
     )
@@ -205,18 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--sim-startup-delay",
-        type=float,
+        type=_finite(),
         default=1.0,
         help="seconds standing for model loading (config errors after 1/4 of it)",
     )
-    sim.add_argument("--sim-jitter-cv", type=float, default=0.015)
+    sim.add_argument("--sim-jitter-cv", type=_finite(), default=0.015)
     sim.add_argument(
         "--sim-other-tenant-gib",
-        type=float,
+        type=_finite(),
         default=0.0,
         help="device memory other processes hold at startup",
     )
-    sim.add_argument("--sim-stats-interval", type=float, default=10.0)
+    sim.add_argument("--sim-stats-interval", type=_finite(positive=True), default=10.0)
     sim.add_argument(
         "--sim-dump-env",
         metavar="PATH",
@@ -312,8 +335,6 @@ def run(ns: argparse.Namespace) -> int:
         enforce_eager=ns.enforce_eager,
         sim_other_tenant_bytes=int(ns.sim_other_tenant_gib * 1024**3),
     )
-    if ns.time_scale <= 0:
-        raise AutotuneError("--time-scale must be positive")
     if ns.sim_dump_env:
         _dump_env(ns.sim_dump_env)
     print(

@@ -3,7 +3,9 @@ translation of driver errors into one-line :class:`StorageError` messages."""
 
 from __future__ import annotations
 
+import errno
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, StatementError
 
 from autotune.errors import ServiceError, StorageError
+from autotune.inputs import clean_url
 
 # Execution option read by the SQLite "begin" hook: "IMMEDIATE" takes the write lock at
 # BEGIN, so two processes upgrading one fresh file queue up instead of one failing.
@@ -29,8 +32,13 @@ def normalize_url(url: str) -> str:
 
     A bare ``postgresql://`` (or Heroku-style ``postgres://``) makes SQLAlchemy load
     psycopg2, which autotune does not depend on; Optuna is handed the same URL, so both
-    get ``postgresql+psycopg://``.
+    get ``postgresql+psycopg://``. Surrounding whitespace is dropped (a trailing newline in
+    $AUTOTUNE_DATABASE_URL once named a new SQLite file); control characters are refused.
     """
+    try:
+        url = clean_url(url)
+    except ValueError as exc:
+        raise StorageError(f"the study database setting {exc} ({_URL_HINT})") from None
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
@@ -92,10 +100,62 @@ def is_disconnect(exc: BaseException) -> bool:
     )
 
 
+# What a PostgreSQL server answers (libpq's "FATAL:" text; psycopg gives no SQLSTATE for a
+# failed connection) when it is up but refuses these credentials or this database: a wrong
+# URL, not an outage, so a config error (exit 1) rather than "unreachable" (exit 5).
+_REFUSED_LOGIN = re.compile(
+    r'(role|database) "[^"]*" does not exist|authentication failed|no pg_hba\.conf entry'
+)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it: SQLAlchemy's ``.orig``, ``__cause__``, ``__context__``."""
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and all(cur is not seen for seen in out):
+        out.append(cur)
+        cur = getattr(cur, "orig", None) or cur.__cause__ or cur.__context__
+    return out
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) says the disk is full: SQLite's SQLITE_FULL, PostgreSQL's
+    SQLSTATE 53100 (disk_full), or an OSError ENOSPC. Optuna wraps these in a
+    StorageInternalError whose text blames "invalid data ... exceeding max length"."""
+    return _disk_full_cause(exc) is not None
+
+
+def _disk_full_cause(exc: BaseException) -> BaseException | None:
+    for cur in _chain(exc):
+        if isinstance(cur, sqlite3.Error) and getattr(cur, "sqlite_errorcode", None) == 13:
+            return cur  # SQLITE_FULL: "database or disk is full"
+        if getattr(cur, "sqlstate", None) == "53100":
+            return cur
+        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
+            return cur
+    return None
+
+
+def disk_full_error(url: str, exc: BaseException) -> StorageError:
+    """The one line for a write the full disk refused (what :func:`is_disk_full` detects)."""
+    cause = _disk_full_cause(exc) or exc
+    return StorageError(
+        f"the study database at {mask_url(url)} is full (no space left on its disk: "
+        f"{one_line(cause)}); free some space and run the command again"
+    )
+
+
 def connect_error(url: str, exc: BaseException) -> StorageError | ServiceError:
     """The error for a database that cannot be reached or opened at all: a SQLite file that
-    cannot be opened is a path problem (StorageError); a server that cannot be reached is
-    an unreachable service (ServiceError, exit code 5)."""
+    cannot be opened is a path problem (StorageError); a server that refuses the URL's role,
+    password or database is a wrong setting (StorageError); a server that cannot be reached
+    is an unreachable service (ServiceError, exit code 5)."""
+    if not url.startswith("sqlite") and _REFUSED_LOGIN.search(str(getattr(exc, "orig", exc))):
+        return StorageError(
+            f"the database server at {mask_url(url)} refused the connection: "
+            f"{one_line(exc)}; check the user, password and database name in the URL "
+            "(--storage or AUTOTUNE_DATABASE_URL)"
+        )
     if url.startswith("sqlite"):
         return StorageError(
             f"cannot open the study database at {mask_url(url)}: "

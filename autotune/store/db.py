@@ -26,7 +26,9 @@ from autotune.store import migrate
 from autotune.store._engine import (
     SQLITE_BEGIN,
     connect_error,
+    disk_full_error,
     is_disconnect,
+    is_disk_full,
     is_unique_violation,
     make_engine,
     mask_url,
@@ -106,7 +108,8 @@ def resolve_url(url: str | None) -> str:
     """The database URL to use: ``url`` if given, else ``$AUTOTUNE_DATABASE_URL``, else
     :data:`DEFAULT_URL` (a SQLite file in the working directory). ``postgresql://`` is
     spelled ``postgresql+psycopg://`` (psycopg 3 is the driver autotune ships with)."""
-    return normalize_url(url or os.environ.get(ENV_VAR) or DEFAULT_URL)
+    # an empty ``url`` is refused by normalize_url, not replaced by the default
+    return normalize_url(url if url is not None else os.environ.get(ENV_VAR) or DEFAULT_URL)
 
 
 class Store:
@@ -223,6 +226,8 @@ class Store:
                     self.url, engine_kwargs=optuna_engine_kwargs(self.url)
                 )
             except (RuntimeError, SQLAlchemyError) as exc:  # RuntimeError: schema too old
+                if is_disk_full(exc):  # Optuna creates its tables here
+                    raise disk_full_error(self.url, exc) from exc
                 raise StorageError(
                     f"cannot open Optuna's storage at {mask_url(self.url)}: {one_line(exc)}"
                 ) from exc
@@ -558,6 +563,8 @@ class Store:
                 raise on_conflict from exc
             raise StorageError(f"{action} failed: {one_line(exc)}") from exc
         except SQLAlchemyError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(self.url, exc) from exc
             if is_disconnect(exc):
                 raise ServiceError(
                     f"{action} failed: lost the study database at {mask_url(self.url)}: "

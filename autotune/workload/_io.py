@@ -159,9 +159,17 @@ def as_number(value: Any, path: Path, line: int, field: str) -> float:
     return x
 
 
-def as_count(value: Any, path: Path, line: int, field: str) -> int:
-    """A non-negative integer (token counts): ``12`` and ``"12"`` pass, ``1.5`` and ``-1`` fail."""
+# The longest sequence a token count may describe: vLLM keeps token positions in int32, and
+# larger counts overflowed the workload profile's int64 sums (a row with 1e23 tokens).
+MAX_TOKENS = 2**31 - 1
+
+
+def as_count(value: Any, path: Path, line: int, field: str, most: int = MAX_TOKENS) -> int:
+    """A non-negative integer of at most ``most`` (token counts): ``12`` and ``"12"`` pass,
+    ``1.5``, ``-1`` and ``1e23`` fail."""
     x = as_number(value, path, line, field)
     if x != int(x) or x < 0:
         raise bad(path, line, field, f"expected a non-negative integer, got {value!r}")
+    if x > most:
+        raise bad(path, line, field, f"{value!r} is more than the {most:,} allowed")
     return int(x)

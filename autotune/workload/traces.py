@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import ConfigError
+from autotune.inputs import INT64_MAX
 from autotune.workload._io import as_count, as_number, bad, iter_csv, iter_jsonl
 from autotune.workload.arrivals import scale_trace
 from autotune.workload.core import Workload, WorkloadRequest
@@ -95,6 +96,8 @@ class _Clock:
             raw = as_number(value, self.path, line, self.field) * self.unit
             if raw < 0:
                 raise bad(self.path, line, self.field, f"negative timestamp {value!r}")
+            if raw == float("inf"):  # finite in the file, beyond a float once in seconds
+                raise bad(self.path, line, self.field, f"timestamp {value!r} is out of range")
         if self.origin is None:
             self.origin = raw
         elif isinstance(raw, int) != isinstance(self.origin, int):
@@ -135,7 +138,7 @@ def _hash_ids(value: Any, path: Path, line: int, field: str) -> list[int]:
         value = [v for v in value if v != ""]
     if not isinstance(value, list):
         raise bad(path, line, field, f"expected a list of block hash ids, got {value!r}")
-    return [as_count(v, path, line, field) for v in value]
+    return [as_count(v, path, line, field, INT64_MAX) for v in value]
 
 
 def _cell(
