@@ -63,9 +63,21 @@ def _level_number(level: str) -> int:
     return number
 
 
-def setup_logging(level: str = "INFO", json: bool = False) -> None:
+def _file_handler(path: str) -> logging.Handler:
+    try:
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--log-file {path}: cannot write ({exc.strerror or exc})") from exc
+    handler.setFormatter(logging.Formatter(_PLAIN_FORMAT))
+    handler.setLevel(logging.DEBUG)
+    return handler
+
+
+def setup_logging(level: str = "INFO", json: bool = False, file: str | None = None) -> None:
     """Send log records to stderr (stdout is the CLI's output): JSON lines with ``json``,
-    rich formatting when stderr is a terminal, plain one-line records otherwise."""
+    rich formatting when stderr is a terminal, plain one-line records otherwise. With
+    ``file``, autotune's own records down to debug level (the tracebacks behind a warning,
+    docs/faults.md#4-database-outages) are appended there too; stderr keeps ``level``."""
     number = _level_number(level)
     handler: logging.Handler
     if json:
@@ -81,5 +93,16 @@ def setup_logging(level: str = "INFO", json: bool = False) -> None:
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _OURS, False)]:
         root.removeHandler(old)
+        old.close()
     root.addHandler(handler)
     root.setLevel(number)
+    ours = logging.getLogger("autotune")
+    ours.setLevel(logging.NOTSET)
+    if file is not None:
+        extra = _file_handler(file)
+        setattr(extra, _OURS, True)
+        handler.setLevel(number)
+        root.addHandler(extra)
+        # autotune's loggers only: libraries at debug level (SQLAlchemy logs every
+        # statement) would bury the file
+        ours.setLevel(logging.DEBUG)

@@ -176,4 +176,4 @@ def test_a_starting_controller_reaps_what_a_dead_one_on_its_host_left(tmp_path: 
         assert not tmp.exists()
         (row,) = fleet.workers("t", states=None, controller_id=cid)
         assert row.state == "reaped"
-        assert [c.state for c in fleet.controllers("t")] == ["dead", "stopped"]
+        assert [c.state for c in fleet.controllers("t")] == ["failed", "stopped"]

@@ -76,6 +76,10 @@ def _root(
         str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR or CRITICAL.")
     ] = "WARNING",
     log_json: Annotated[bool, typer.Option("--log-json", help="Log JSON lines to stderr.")] = False,
+    log_file: Annotated[
+        str | None,
+        typer.Option("--log-file", help="Also append autotune's log, down to DEBUG, to FILE."),
+    ] = None,
 ) -> None:
     # WARNING by default: stdout is the product; INFO shows vLLM-style startup log lines.
-    setup_logging(log_level, json=log_json)
+    setup_logging(log_level, json=log_json, file=log_file)

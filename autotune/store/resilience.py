@@ -28,7 +28,7 @@ from autotune.store._engine import (
     one_line,
 )
 
-__all__ = ["NOT_LANDED", "NotLanded", "Resilience", "is_transient"]
+__all__ = ["NOT_LANDED", "NotLanded", "Resilience", "is_transient", "secondary_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,12 @@ class Resilience:
                 self.outages += 1
                 self.longest_outage_s = max(self.longest_outage_s, lasted)
                 level = logging.DEBUG if self._contended else logging.WARNING
-                log.log(level, "the study database is back after %.1f s", lasted)
+                log.log(
+                    level,
+                    "the study database at %s was unreachable for %.1f s; ridden out",
+                    mask_url(self.url),
+                    lasted,
+                )
             self._down_since = None
             self._given_up = False
 
@@ -129,7 +134,10 @@ class Resilience:
                 # SQLite answering "locked" to one of several writers (parallel trial lanes,
                 # the heartbeat thread) is contention, not a lost database: not worth a line
                 self._contended = _locked(exc)
-                level = logging.DEBUG if self._contended else logging.WARNING
+                # not a warning: an outage is one line when it ends, ridden out (above) or
+                # past the tolerance (the run's error), never two
+                # (docs/faults.md#4-database-outages)
+                level = logging.DEBUG if self._contended else logging.INFO
                 log.log(
                     level,
                     "lost the study database at %s while %s (%s); retrying",
@@ -187,3 +195,14 @@ class Resilience:
                 f"controller.db_outage_tolerance_s), while {what}: {one_line(_root(exc))}"
             ) from exc
         time.sleep(min(delay, self.tolerance_s - lasted))
+
+
+def secondary_failure(logger: logging.Logger, what: str, exc: BaseException) -> None:
+    """A failure beside the point of the error in flight (recording that a worker group is
+    gone, failing an abandoned trial, a controller's end): one warning line, or none when
+    the database is lost past the outage tolerance, which the run reports itself in its one
+    line (docs/faults.md#4-database-outages). The traceback goes to the log at debug level
+    either way."""
+    if not isinstance(exc, DatabaseLostError):
+        logger.warning("%s: %s", what, one_line(exc))
+    logger.debug("%s", what, exc_info=exc)

@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import SearchConfig, StrategyConfig
 from autotune.report.dashboard import enqueued_engine_args
 from autotune.store import Store
+from autotune.store.resilience import secondary_failure
 from autotune.tuning.edges import widen_at_claim
 from autotune.tuning.recovery import Recovery, claim_key
 from autotune.tuning.rounding import tidy_steps
@@ -244,5 +245,5 @@ class Claims:
 
             return self.store.resilience.call(f"failing trial {claimed.trial.number}", run)
         except Exception as exc:  # the original error matters more
-            log.warning("could not fail trial %d: %s", claimed.trial.number, exc)
+            secondary_failure(log, f"could not fail trial {claimed.trial.number}", exc)
             return None

@@ -289,13 +289,18 @@ class Recovery:
         return lines
 
     def reap_local(self) -> list[str]:
-        """Stop what dead controllers on this host left running, and mark them dead."""
+        """Stop what dead controllers on this host left running, and mark them failed: a
+        controller row still ``running`` whose process is gone ended without recording how
+        (killed, or stopped by a database outage past its tolerance, when it could not
+        record anything; docs/faults.md#2-controllers-workers-and-claims)."""
         lines: list[str] = []
         for c in self.fleet.on_host(self.host):
             if c.id != self.controller_id and not process_alive(c.pid, c.proc_start, c.boot_id):
-                self.fleet.set_state(
-                    c.id, "dead", note=f"found dead by controller {self.controller_id}"
+                note = (
+                    f"its process ended without recording how; found by controller "
+                    f"{self.controller_id}"
                 )
+                self.fleet.set_state(c.id, "failed", note=note)
                 lines.append(f"controller {c.host}:{c.pid} of study {c.study_name!r} had died")
         for w, c in self.fleet.workers_on(self.host):
             if c.id == self.controller_id:

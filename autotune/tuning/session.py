@@ -21,6 +21,7 @@ import optuna
 
 from autotune.config import StudyConfig
 from autotune.store import Store
+from autotune.store.resilience import secondary_failure
 from autotune.tuning.claims import Claimed, Claims, Wait
 from autotune.tuning.heartbeat import Heartbeat
 from autotune.tuning.recovery import Recovery
@@ -118,8 +119,8 @@ class ControllerSession:
         if self.id is not None:
             try:
                 self.fleet.set_state(self.id, state, note)
-            except Exception as exc:
-                log.warning("could not record that the controller %s: %s", state, exc)
+            except Exception as exc:  # the next start marks it failed (recovery.reap_local)
+                secondary_failure(log, f"could not record that the controller {state}", exc)
         # heartbeats and outage retries are a run's: off again in between
         self.store.optuna_storage().configure_heartbeat(None, None, None)
         self.store.set_outage_tolerance(0.0)
