@@ -1,8 +1,8 @@
 """The one list of worker failure classes (stored and exported as ``failure_class``).
 
 Classes and matching rules follow docs/vllm.md#44-failure-classes-and-matching-rules (vLLM 0.32
-strings, GPU and CPU wording), plus three of our own for lifecycle failures:
-``STARTUP_TIMEOUT``, ``PORT_IN_USE``, ``UNKNOWN``. Every later layer (simulated engine, log
+strings, GPU and CPU wording), plus our own for lifecycle failures: ``STARTUP_TIMEOUT``,
+``PORT_IN_USE``, ``KILLED``, ``HUNG``, ``UNKNOWN``. Every later layer (simulated engine, log
 classifier, scoring, storage) uses these values.
 """
 
@@ -28,6 +28,10 @@ class FailureClass(StrEnum):
     ENGINE_DEAD = "ENGINE_DEAD"
     STARTUP_TIMEOUT = "STARTUP_TIMEOUT"
     PORT_IN_USE = "PORT_IN_USE"
+    # a signal from outside ended the worker, or it stopped making progress: not the
+    # configuration's doing, so retried once (autotune/workers/cause.py)
+    KILLED = "KILLED"
+    HUNG = "HUNG"
     UNKNOWN = "UNKNOWN"
 
 

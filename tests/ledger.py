@@ -54,6 +54,8 @@ class LedgerRow:
     idle_s: float
     disagreements: int
     note: str = ""
+    detect_s: float | None = None  # fault -> the watch saw it (worker faults)
+    clean_verdict: bool | None = None  # the config's verdict came from a clean run
 
 
 ROWS: list[LedgerRow] = []
@@ -124,14 +126,16 @@ def worker_pids(marker: str) -> list[int]:
 def format_table(rows: list[LedgerRow]) -> str:
     head = (
         "| fault | lost trials | duplicates | orphans | seconds to recover | idle seconds "
-        "| stores disagree | note |"
+        "| stores disagree | seconds to detect | verdict from a clean run | note |"
     )
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rec = f"{r.recover_s:.1f}" if r.recover_s is not None else "-"
+        det = f"{r.detect_s:.1f}" if r.detect_s is not None else "-"
+        clean = "-" if r.clean_verdict is None else ("yes" if r.clean_verdict else "no")
         lines.append(
             f"| {r.fault} | {r.lost} | {r.duplicates} | {r.orphans} | {rec} | {r.idle_s:.1f} "
-            f"| {r.disagreements} | {r.note} |"
+            f"| {r.disagreements} | {det} | {clean} | {r.note} |"
         )
     return "\n".join(lines)
 

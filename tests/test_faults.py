@@ -12,11 +12,13 @@ live trials) and the outage tolerance is below the grace, as the config demands.
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -205,10 +207,21 @@ def check_and_log(
     orphans: int,
     recover: float | None,
     note: str = "",
+    detect: float | None = None,
+    clean_verdict: bool | None = None,
 ) -> None:
     ROWS.append(
         LedgerRow(
-            fault, fig.lost, fig.duplicates, orphans, recover, fig.idle_s, fig.disagreements, note
+            fault,
+            fig.lost,
+            fig.duplicates,
+            orphans,
+            recover,
+            fig.idle_s,
+            fig.disagreements,
+            note,
+            detect_s=detect,
+            clean_verdict=clean_verdict,
         )
     )
     assert (fig.complete, fig.lost, fig.duplicates, fig.disagreements) == (fig.planned, 0, 0, 0), (
@@ -339,17 +352,24 @@ def test_four_controllers_run_exactly_the_plan_each_configuration_once_in_stage_
 
 
 @pytest.mark.config_field("enqueue")
-def test_controllers_killed_terminated_or_interrupted_mid_trial_leave_nothing_behind(
+def test_controllers_or_workers_killed_mid_trial_leave_nothing_behind(
     cluster: PgCluster, tmp_path: Path
 ) -> None:
-    """Three independent studies at once (each waits mostly on its processes starting):
-    SIGKILL and SIGTERM of a controller mid-trial, Ctrl-C during the baseline."""
+    """Five independent studies at once (each waits mostly on its processes starting):
+    SIGKILL and SIGTERM of a controller mid-trial, Ctrl-C during the baseline, SIGKILL and
+    SIGSTOP of a worker mid-level."""
     jobs = {
         "SIGKILL": lambda: kill_mid_trial(cluster, tmp_path / "sigkill", signal.SIGKILL),
         "SIGTERM": lambda: kill_mid_trial(cluster, tmp_path / "sigterm", signal.SIGTERM),
         "SIGINT": lambda: ctrl_c_during_the_baseline(cluster, tmp_path / "sigint"),
+        "worker SIGKILL": lambda: worker_fault_mid_level(
+            cluster, tmp_path / "wkill", signal.SIGKILL
+        ),
+        "worker SIGSTOP": lambda: worker_fault_mid_level(
+            cluster, tmp_path / "wstop", signal.SIGSTOP
+        ),
     }
-    for sub in ("sigkill", "sigterm", "sigint"):
+    for sub in ("sigkill", "sigterm", "sigint", "wkill", "wstop"):
         (tmp_path / sub).mkdir()
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
@@ -461,4 +481,78 @@ def test_an_enqueued_value_outside_the_space_is_refused_at_create(url: str, tmp_
             0,
             "refused at create with one line; nothing stored",
         )
+    )
+
+
+def _sim_port(pid: int) -> int:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(argv[argv.index(b"--port") + 1])
+
+
+def _served(port: int) -> float:
+    """Requests the sim server has completed (its ``vllm:request_success`` counter)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith("vllm:request_success_total")
+    )
+
+
+def worker_fault_mid_level(cluster: PgCluster, tmp: Path, sig: signal.Signals) -> None:
+    """SIGKILL or SIGSTOP the baseline's worker (the sim server process) while its level
+    runs: the death is not the configuration's (KILLED, HUNG), so the attempt is failed with
+    its partial level and the configuration runs once more in a fresh worker, whose clean run
+    is the verdict (docs/faults.md#10-worker-faults)."""
+    name = sig.name.lower()
+    url = fresh_database(cluster)
+    # one level of 40 requests at 4/s run 4x faster than real time: 2.5 s of arrivals
+    d = sim_study(
+        tmp,
+        name,
+        worker={"kind": "sim", "time_scale": 4.0, "workdir": str(tmp / "w")},
+        strategy={"name": "joint", "n_trials": 1},
+    )
+    d["workload"]["rate"] = 4
+    planned = create(url, d)
+    log = tmp / "controller.log"
+    run = controller(url, name, log)
+    wait_worker(url, name, "trial-0000")
+    (pid,) = worker_pids(str(tmp / "w"))
+    port = _sim_port(pid)
+    # mid-level: the smoke request and 3 of the level's requests served
+    wait_for("the level to get going", lambda: _served(port) >= 4, 60, every_s=0.05)
+    fault_at = time.time()
+    os.kill(pid, sig)
+    assert run.wait(timeout=120) == 0, _tail(log)
+    orphans = orphans_after([pid], 10.0)
+    fig = study_figures(url, name, planned, stage_names(d, url))
+    assert fig.retries == 1, _tail(log)
+    with Store.open(url) as store:
+        first, retry = store.trials(name)
+    cls = "KILLED" if sig == signal.SIGKILL else "HUNG"
+    assert (first.stage, first.state, first.failure_class) == ("baseline", "FAIL", cls)
+    assert (first.log_tail or "").startswith(f"attempt failed ({cls})"), first.log_tail
+    (lvl,) = first.levels  # the attempt's partial level stays visible
+    death = lvl.metrics["worker_death"]
+    assert lvl.metrics["partial"] is True and death["failure_class"] == cls
+    detect_s = death["detected_wall"] - fault_at
+    # the verdict comes from the retry, a clean run in a fresh worker
+    assert retry.engine_args == first.engine_args and retry.state == "COMPLETE"
+    clean = retry.failure_class is None and not any(x.metrics.get("partial") for x in retry.levels)
+    assert clean and retry.feasible is True, retry
+    if sig == signal.SIGSTOP:
+        assert detect_s <= 15.0, detect_s  # by its lack of progress, not probe timeouts
+    check_and_log(
+        f"worker {sig.name} mid-level",
+        fig,
+        orphans=orphans,
+        recover=recover_s(url, name, datetime.fromtimestamp(fault_at, UTC)),
+        detect=detect_s,
+        clean_verdict=clean,
+        note=f"{cls}; the attempt kept FAIL with its partial level, retried once",
     )

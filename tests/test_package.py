@@ -87,7 +87,7 @@ def test_sim_startup_error_is_a_worker_startup_error() -> None:
     assert exc.log_lines == ("No available memory for the cache blocks.",)
 
 
-def test_failure_classes_are_exactly_the_twelve() -> None:
+def test_failure_classes_are_exactly_the_fourteen() -> None:
     assert [c.value for c in FailureClass] == [
         "FREE_MEMORY",
         "NO_KV_MEMORY",
@@ -100,6 +100,8 @@ def test_failure_classes_are_exactly_the_twelve() -> None:
         "ENGINE_DEAD",
         "STARTUP_TIMEOUT",
         "PORT_IN_USE",
+        "KILLED",
+        "HUNG",
         "UNKNOWN",
     ]
     assert all(c.name == c.value for c in FailureClass)

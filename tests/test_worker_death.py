@@ -209,15 +209,17 @@ def _study(tmp_path: Path, store: Store) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("sig", "cause", "signal_name"),
+    ("sig", "cause", "signal_name", "failure_class"),
     [
-        (signal.SIGKILL, "leader_exit", "SIGKILL"),  # the server process dies
-        (signal.SIGUSR1, "engine_dead_log", None),  # the fault hook: its engine dies
+        # the server process dies from outside: no verdict on the config (KILLED)
+        (signal.SIGKILL, "leader_exit", "SIGKILL", "KILLED"),
+        # the fault hook: its engine dies, the log says so (the config's: ENGINE_DEAD)
+        (signal.SIGUSR1, "engine_dead_log", None, "ENGINE_DEAD"),
     ],
     ids=["server-killed", "engine-dead"],
 )
 async def test_a_trial_keeps_the_partial_level_and_the_cause(
-    tmp_path: Path, sig: signal.Signals, cause: str, signal_name: str | None
+    tmp_path: Path, sig: signal.Signals, cause: str, signal_name: str | None, failure_class: str
 ) -> None:
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
         cfg = _study(tmp_path, store)
@@ -242,9 +244,9 @@ async def test_a_trial_keeps_the_partial_level_and_the_cause(
         death = runner.worker.death()
         assert death is not None and death.cause == cause
         print(f"\ndetection after {sig.name}: {death.detected_at - killed[0]:.3f} s")
-        assert out.failure_class == "ENGINE_DEAD"
+        assert out.failure_class == failure_class and out.retry is None  # not told to retry
         (trial,) = store.trials(cfg.name)
-        assert trial.failure_class == "ENGINE_DEAD" and trial.feasible is False
+        assert trial.failure_class == failure_class and trial.feasible is False
         (lvl,) = trial.levels
         assert lvl.metrics["partial"] is True and lvl.feasible is False
         assert 4 <= lvl.completed < 80 and lvl.metrics["sent_requests"] < 80

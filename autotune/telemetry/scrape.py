@@ -323,6 +323,19 @@ class Scraper:
         self.result = LevelScrape(self._before, after, tuple(self._samples), replace(self.stats))
         return self.result
 
+    async def abandon(self) -> None:
+        """Stop without the after snapshot (:attr:`result` stays None): the server died or
+        hung, and scraping it would only wait out the boundary timeouts (3 x 10 s on a
+        stopped server, docs/vllm.md#10-whose-death-is-it)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
     async def __aenter__(self) -> Scraper:
         await self.start()
         return self

@@ -433,6 +433,7 @@ async def _trials(
             record_trial_start(study, trial, stage_name, engine_args, cfg.mode)
             if setup.devices is not None or "devices" in trial.user_attrs:  # a retry's copy
                 trial.set_user_attr("devices", setup.devices)
+            frozen = store.optuna_storage().get_trial(trial._trial_id)
             # No capacity hint: every trial gets the same search as the baseline. Under noise
             # a search started at the best capacity so far finds lucky feasible points up
             # there that a search from the ends never visits
@@ -456,6 +457,7 @@ async def _trials(
                             study.get_trials(deepcopy=False),
                         ),
                     ),
+                    first_attempt=not frozen.system_attrs.get("retry_history"),
                 )
             except BaseException as exc:
                 # failed in both stores and queued again, once (docs/faults.md)
@@ -465,6 +467,17 @@ async def _trials(
                 if line and setup.on_event is not None:
                     setup.on_event("trial_abandoned", {"number": trial.number, "line": line})
                 raise
+            if out.retry is not None:
+                # its worker was killed from outside or hung: this attempt is no verdict; it
+                # is failed and the configuration runs again once in a fresh worker
+                # (docs/faults.md#10-worker-faults)
+                trial.set_user_attr("failure_class", out.failure_class)
+                line = claims.abandon(got, out.retry)
+                session.released(got)
+                budget.release()
+                if line and setup.on_event is not None:
+                    setup.on_event("trial_abandoned", {"number": trial.number, "line": line})
+                continue
             record_trial(study, trial, out, cfg)  # constraints, attributes, the trial's note
             study.tell(trial, optuna_value(cfg, out))
             claims.finish(got)

@@ -95,6 +95,7 @@ _DEATH_KEYS = (
     "failure_class",
     "log_line",
     "detected_at_s",
+    "detected_wall",
     "stopped_at_s",
 )
 
@@ -453,6 +454,17 @@ class HttpRunner:
         if self.prom is not None:
             await asyncio.to_thread(self.prom.wait_for_sample, self.trial_name, time.time())
         t_start = time.time()
+        done = [0]
+
+        def seen(p: ProgressSnapshot) -> None:
+            # a completed request is progress: the death watch never counts a server whose
+            # requests complete as hung (docs/vllm.md#10-whose-death-is-it)
+            if p.completed > done[0]:
+                done[0] = p.completed
+                self.worker.note_progress()
+            if progress is not None:
+                progress(p)
+
         async with Scraper(
             self.base_url + "/metrics", interval_s=self.scrape_interval_s
         ) as scraper:
@@ -463,12 +475,14 @@ class HttpRunner:
                 endpoint=self.endpoint,  # type: ignore[arg-type]
                 max_concurrency=wl.closed_loop_concurrency,
                 time_scale=self.time_scale,
-                progress=progress,
+                progress=seen,
                 api_key=self.worker.api_key,
                 stop=self.worker.death_event,
                 warmup=self.warmup,
                 early_stop=self.early_stop,
             )
+            if self.worker.death() is not None:
+                await scraper.abandon()  # no after snapshot from a dead or frozen server
         res.summary["replay_s"] = res.wall_s  # wall seconds replayed (warm-ups excluded)
         out = LevelOutcome(scale, _offered(workload, scale), LevelMetrics.from_summary(res.summary))
         if res.stopped_at is not None:

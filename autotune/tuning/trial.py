@@ -1,6 +1,9 @@
 """One trial: start the worker with the suggested engine args, replay the load levels the
 mode asks for, score, and store everything (launch command, per-level results, failure
-class). Worker failures are COMPLETE trials with objective 0 and positive violations."""
+class). Worker failures are COMPLETE trials with objective 0 and positive violations, except a
+first attempt's death that was not the configuration's doing (``KILLED``, ``HUNG``,
+autotune/workers/cause.py): that attempt is stored FAIL and the configuration runs again in a
+fresh worker (docs/faults.md#10-worker-faults)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from autotune.tuning.scoring import (
     score_level,
     score_trial,
 )
+from autotune.workers.cause import RETRYABLE
 from autotune.workload.core import Workload
 
 __all__ = ["Event", "TrialOutcome", "TrialSetup", "lattice_of", "level_record", "run_trial"]
@@ -60,6 +64,9 @@ class TrialOutcome:
     score: TrialScore
     record: TrialRecord
     failure_class: str | None
+    # set when this attempt ended FAIL for a death that was not the configuration's doing:
+    # why, for the retry's line; the caller queues the configuration again
+    retry: str | None = None
 
 
 def lattice_of(cfg: StudyConfig) -> Lattice:
@@ -196,9 +203,13 @@ async def run_trial(
     params: Mapping[str, Any],
     engine_args: Mapping[str, Any],
     position: tuple[int, int] | None = None,
+    first_attempt: bool = False,
 ) -> TrialOutcome:
     """Run one configuration end to end. Never raises for a worker failure; re-raises
-    cancellation after stopping the worker and marking the stored trial FAIL."""
+    cancellation after stopping the worker and marking the stored trial FAIL.
+    ``first_attempt``: the configuration has not run before, so a death from outside
+    (``KILLED``, ``HUNG``) ends this attempt FAIL with :attr:`TrialOutcome.retry` set
+    instead of being its verdict."""
     cfg, runner, store = setup.cfg, setup.runner, setup.store
     emit = setup.on_event or (lambda _k, _d: None)
     rec = TrialRecord(
@@ -275,6 +286,8 @@ async def run_trial(
     finally:
         await runner.stop()
     names = [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint else [])]
+    if first_attempt and failure in RETRYABLE:
+        return _attempt_failed(store, rec, failure, names)
     capacity = search.result() if failure is None and search is not None else None
     score = failed_trial_score(names) if failure is not None else score_trial(levels, capacity)
     if failure is None and not levels:
@@ -315,3 +328,25 @@ async def run_trial(
         },
     )
     return TrialOutcome(score, rec, failure)
+
+
+def _attempt_failed(store: Store, rec: TrialRecord, failure: str, names: list[str]) -> TrialOutcome:
+    """Store a first attempt that a death from outside ended: FAIL, its class, and a first
+    line saying that it is no verdict; the levels it measured stay with it."""
+    assert rec.id is not None
+    why = {
+        FailureClass.KILLED: "the worker was killed by a signal from outside",
+        FailureClass.HUNG: "the worker hung",
+    }.get(FailureClass(failure), failure)
+    note = f"attempt failed ({failure}): {why}; not the configuration's doing, run again once"
+    rec.state, rec.failure_class = "FAIL", failure
+    rec.log_tail = f"{note}\n{rec.log_tail or ''}"[:8000]
+    rec.finished_at = datetime.now(UTC)
+    store.update_trial(
+        rec.id,
+        state="FAIL",
+        failure_class=failure,
+        log_tail=rec.log_tail,
+        finished_at=rec.finished_at,
+    )
+    return TrialOutcome(failed_trial_score(names), rec, failure, retry=f"{why} ({failure})")

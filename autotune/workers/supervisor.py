@@ -29,6 +29,7 @@ from autotune.errors import AutotuneError, ConfigError, WorkerStartupError
 from autotune.failures import FailureClass, FailureMatch
 from autotune.redact import mask_argv
 from autotune.store.resilience import secondary_failure
+from autotune.workers.cause import death_class, signal_name
 from autotune.workers.guard import (
     GroupRecord,
     GroupRegistry,
@@ -38,7 +39,7 @@ from autotune.workers.guard import (
     proc_start_ticks,
 )
 from autotune.workers.logs import classify_worker_log, log_tail
-from autotune.workers.watch import DeathWatch, ProcInfo, snapshot_group
+from autotune.workers.watch import DeathWatch, ProcInfo, describe_status, snapshot_group
 
 __all__ = ["ProcessSupervisor", "WorkerLaunchError"]
 
@@ -314,7 +315,12 @@ class ProcessSupervisor:
             )
             match = FailureMatch(forced, match.line, match.estimated_max_model_len)
         else:
-            message = f"worker exited with code {rc} after {elapsed:.1f} s"
+            # a signal from outside with nothing in the log is KILLED, not UNKNOWN: the
+            # configuration runs again (autotune/workers/cause.py)
+            found = None if match.failure_class is FailureClass.UNKNOWN else match
+            cls = death_class(signal=signal_name(rc), hung=False, log=found, started=False)
+            match = FailureMatch(cls, match.line, match.estimated_max_model_len)
+            message = f"worker {describe_status(rc)[0]} after {elapsed:.1f} s"
             if match.line:
                 message += f": {match.line}"
         err = WorkerLaunchError(message, match.failure_class)
@@ -343,6 +349,9 @@ class ProcessSupervisor:
             pgid = proc.pid
             if not self._group_gone(pgid):
                 self._signal(pgid, signal.SIGTERM)
+                # a stopped (SIGSTOP) process acts on SIGTERM only once continued; without
+                # this a frozen worker would wait out the grace period for SIGKILL
+                self._signal(pgid, signal.SIGCONT)
                 if not await self._wait_gone(pgid, self.grace_s):
                     log.warning(
                         "process group %d ignored SIGTERM for %g s; sending SIGKILL",

@@ -18,6 +18,7 @@ import shlex
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import aiohttp
 
 from autotune.failures import FailureClass, FailureMatch, classify_log
 from autotune.redact import mask_argv
+from autotune.workers.cause import death_class, signal_name
 from autotune.workers.env import worker_environment
 from autotune.workers.guard import GroupRegistry
 from autotune.workers.logs import (
@@ -37,8 +39,9 @@ from autotune.workers.logs import (
     parse_cache_config_info,
     parse_startup_facts,
 )
+from autotune.workers.stall import proc_state
 from autotune.workers.supervisor import ProcessSupervisor, WorkerLaunchError
-from autotune.workers.watch import DeathWatch, WorkerDeath
+from autotune.workers.watch import DeathWatch, WorkerDeath, describe_status
 
 __all__ = [
     "StartupFacts",
@@ -73,6 +76,8 @@ _SMOKE_TEXT = (
     "an early spring morning, and then stop."
 )
 _PORT_ATTEMPTS = 3  # a freed port can be taken by someone else before vLLM binds it
+# after a failed smoke request: how long to wait for a dying server's exit status
+_SMOKE_SETTLE_S = 1.0
 
 
 def _key(name: str) -> str:
@@ -244,11 +249,18 @@ class VllmWorker:
         """Why the started server counts as dead, None while it lives (or was stopped)."""
         return self._watch.death if self._watch is not None else None
 
+    def note_progress(self) -> None:
+        """A request completed: the started server makes progress (its death watch counts
+        a server without progress as hung, docs/vllm.md#10-whose-death-is-it)."""
+        if self._watch is not None:
+            self._watch.note_progress()
+
     def failure(self) -> FailureMatch | None:
         """Why the server died on its own after a successful start (None if it runs, was
-        never started, or was stopped by us). Always a runtime class: startup is over. The
-        line leads with what was seen (which process, its exit code or signal), then the
-        log's classified line."""
+        never started, or was stopped by us). Always a runtime class: startup is over;
+        ``KILLED`` and ``HUNG`` when it was not the configuration's doing
+        (:mod:`autotune.workers.cause`). The line leads with what was seen (which process,
+        its exit code or signal), then the log's classified line."""
         sup = self._sup
         death = self.death()
         if sup is None or (
@@ -261,7 +273,11 @@ class VllmWorker:
             FailureClass.RUNTIME_OOM,
             FailureClass.ENGINE_DEAD,
         )
-        cls = match.failure_class if match is not None and runtime else FailureClass.ENGINE_DEAD
+        cls = death_class(
+            signal=death.signal if death is not None else signal_name(sup.returncode),
+            hung=death is not None and death.cause == "hung",
+            log=match,
+        )
         if death is None:
             cause = match.line if match is not None and runtime else last_error_line(lines)
             return FailureMatch(cls, cause)
@@ -454,15 +470,23 @@ class VllmWorker:
         if not problem:
             return prompt_tokens
         elapsed = sup.elapsed_s
+        # what ended it, read before our own SIGTERM: a signal from outside, a stopped
+        # leader, or the engine (autotune/workers/cause.py). A killed process closes its
+        # sockets before it becomes a zombie, so the client can see the connection drop
+        # while the exit status is not readable yet: give it a moment.
+        settle = time.monotonic() + _SMOKE_SETTLE_S
+        while (rc := sup.returncode) is None and time.monotonic() < settle:
+            await asyncio.sleep(0.02)
+        state = proc_state(sup.pid) if sup.pid is not None and rc is None else None
+        frozen = state is not None and state[0] in ("T", "t", "D")
         await sup.stop()
         lines = sup.log_lines()
         match = classify_log(lines)
-        cls = (
-            match.failure_class
-            if match is not None
-            and match.failure_class in (FailureClass.RUNTIME_OOM, FailureClass.ENGINE_DEAD)
-            else FailureClass.ENGINE_DEAD
-        )
+        cls = death_class(signal=signal_name(rc), hung=frozen, log=match)
+        if rc is not None:
+            problem = f"{problem} (worker {describe_status(rc)[0]})"
+        elif frozen:
+            problem = f"{problem} (worker stopped, state {state[0] if state else '?'})"
         err = WorkerLaunchError(f"smoke request failed after /health was 200: {problem}", cls)
         err.log_tail = log_tail(lines, cause=match.line if match is not None else None)
         err.elapsed_s = elapsed

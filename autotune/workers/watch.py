@@ -6,9 +6,11 @@ A worker counts as dead when any of these holds (docs/vllm.md#9-worker-death):
 - a process that was in its process group when ``/health`` first answered 200 exits (vLLM's
   EngineCore and its workers: when the EngineCore dies, the API server stays up a few seconds
   and answers ``/health`` with 503, so watching the leader alone is not enough);
-- ``/health`` fails 3 times in a row over at least 2 s (an error status, a refused
-  connection or a probe that times out);
-- ``EngineDeadError`` appears in its log.
+- ``/health`` fails 3 times in a row over at least 2 s (an error status or a refused
+  connection; a probe that times out is no failure: a busy server answers late);
+- ``EngineDeadError`` appears in its log;
+- it hangs: it makes no progress for 10 s (:mod:`autotune.workers.stall`: a process stopped
+  or stuck in uninterruptible sleep, no CPU time, no request completed).
 
 The first condition seen is the cause. An exit status is exact for the leader (our child);
 another member's is read from ``/proc`` while it is a zombie, which its parent usually
@@ -24,15 +26,17 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
 
+from autotune.workers.stall import STALL_S, StallWatch
+
 __all__ = ["DeathWatch", "ProcInfo", "WorkerDeath", "describe_status", "snapshot_group"]
 
-Cause = Literal["leader_exit", "process_exit", "health", "engine_dead_log"]
+Cause = Literal["leader_exit", "process_exit", "health", "engine_dead_log", "hung"]
 
 ENGINE_DEAD_TEXT = "EngineDeadError"
 
@@ -57,6 +61,9 @@ class WorkerDeath:
     process: str | None = None
     returncode: int | None = None  # Popen's convention: negative = killed by that signal
     signal: str | None = None  # "SIGKILL" when a signal ended the process
+    # time.time() when seen: lines up with what happened outside this process (the faults
+    # ledger measures detection from the moment of the fault)
+    detected_wall: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +151,8 @@ class DeathWatch:
         health_timeout_s: float = 10.0,
         health_failures: int = 3,
         health_span_s: float = 2.0,
+        stall_s: float = STALL_S,
+        stall_every_s: float = 0.25,
     ) -> None:
         self.leader = leader
         self.members = {pid: m for pid, m in members.items() if pid != leader.pid}
@@ -161,6 +170,19 @@ class DeathWatch:
         self._last_health = float("-inf")
         self._offset = 0
         self._partial = b""
+        names = {leader.pid: "API server"} | {p: m.name for p, m in self.members.items()}
+        self.stall = StallWatch(names, stall_s)
+        self.stall_every_s = stall_every_s
+        self._last_stall = float("-inf")
+
+    def note_progress(self) -> None:
+        """A request completed: the server makes progress (see :mod:`autotune.workers.stall`)."""
+        self.stall.note_progress()
+
+    def check_stall(self) -> None:
+        stall = self.stall.sample()
+        if stall is not None:
+            self._die("hung", stall.message, pid=stall.pid, process=stall.process)
 
     def _die(self, cause: Cause, message: str, **kw: Any) -> None:
         if self.death is None:
@@ -214,10 +236,15 @@ class DeathWatch:
                 self._die("engine_dead_log", f"EngineDeadError in the worker log: {line[:200]}")
                 return
 
-    def _health_result(self, ok: bool) -> None:
+    def _health_result(self, ok: bool | None) -> None:
+        """``ok`` None: the probe timed out, which counts neither way (a busy server answers
+        late; a hung one is found by its lack of progress)."""
         now = time.perf_counter()
+        if ok is None:
+            return
         if ok:
             self._fails.clear()
+            self.stall.note_health(now)
             return
         self._fails.append(now)
         if (
@@ -235,8 +262,10 @@ class DeathWatch:
             async with session.get(
                 self.health_url, timeout=aiohttp.ClientTimeout(total=self.health_timeout_s)
             ) as resp:
-                ok = resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+                ok: bool | None = resp.status == 200
+        except TimeoutError:
+            ok = None
+        except (aiohttp.ClientError, OSError):
             ok = False
         self._health_result(ok)
 
@@ -251,6 +280,9 @@ class DeathWatch:
                     if self.death is None and now - self._last_log >= self.log_every_s:
                         self._last_log = now
                         self.check_log()
+                    if self.death is None and now - self._last_stall >= self.stall_every_s:
+                        self._last_stall = now
+                        self.check_stall()
                     if (
                         self.death is None
                         and (probe is None or probe.done())
