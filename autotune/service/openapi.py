@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.service.limits import MAX_URL_BYTES
+
 __all__ = ["openapi_document"]
 
 _ERROR = {
@@ -33,6 +35,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: "not found",
         409: "already exists",
         413: "body too large",
+        414: f"URL over {MAX_URL_BYTES:,} bytes",
         415: "not YAML",
     }
     return {str(c): _json({"$ref": "#/components/schemas/Error"}, words[c]) for c in codes}
@@ -110,7 +113,7 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "one study: its trials and recommendation",
                 "security": auth,
                 "parameters": [_name("the study")],
-                "responses": {"200": _json(_OBJ, "the study"), **_errors(401, 404)},
+                "responses": {"200": _json(_OBJ, "the study"), **_errors(401, 404, 414)},
             }
         },
         "/v1/deployments/{name}/recommendation": {
@@ -118,7 +121,7 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "the config in use after the latest nightly decision",
                 "security": auth,
                 "parameters": [_name("the deployment")],
-                "responses": {"200": _json(_OBJ, "the config"), **_errors(401, 404)},
+                "responses": {"200": _json(_OBJ, "the config"), **_errors(401, 404, 414)},
             }
         },
         "/v1/deployments/{name}/decisions": {
@@ -126,7 +129,7 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "a deployment's nightly decisions, oldest first",
                 "security": auth,
                 "parameters": [_name("the deployment")],
-                "responses": {"200": _json(_OBJ, "the decisions"), **_errors(401, 404)},
+                "responses": {"200": _json(_OBJ, "the decisions"), **_errors(401, 404, 414)},
             }
         },
     }
