@@ -20,6 +20,7 @@ from autotune.cli._app import app, console, print_json
 from autotune.config import MAX_TIMEOUT_S, MAX_TRIALS, parse_config, read_config_text, source_map
 from autotune.errors import ConfigError, NotFoundError, StorageError
 from autotune.inputs import MAX_CONFIG_BYTES
+from autotune.report.levels import progress_figures, stop_note
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import (
     best_json,
@@ -223,15 +224,10 @@ def _progress() -> Any:
         elif kind == "level_done":
             m = d["metrics"]
             verdict = "ok" if d["feasible"] else escape("; ".join(d["violations"]) or "violates")
-            if stop := m.summary.get("early_stop"):  # docs/tuning.md#10-early-stop-inside-a-level
-                verdict += (
-                    f" (stopped early at request {stop['at_request']}/{stop['planned_requests']})"
-                )
+            verdict += stop_note(m.summary)  # docs/tuning.md#10-early-stop-inside-a-level
             out.print(
                 f"    {lane}load x{d['scale']:.3f}{_rate(d.get('offered_rate'))}: "
-                f"{m.output_throughput:,.0f} tok/s, "
-                f"p99 TTFT {m.p99_ttft_ms or 0:,.0f} ms, "
-                f"p99 TPOT {m.p99_tpot_ms or 0:,.1f} ms -> {verdict}"
+                f"{progress_figures(m)} -> {verdict}"
             )
         elif kind == "worker_failed":
             out.print(f"    {lane}worker failed: {d['failure_class']}: {escape(d['message'])}")

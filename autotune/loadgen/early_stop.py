@@ -106,17 +106,44 @@ def stopped_summary(
     TTFT is known or bounded (``ttft_known_s``: finished successes' TTFTs, unfinished
     requests' known TTFT or their age at the stop, a lower bound), so the level reads as
     infeasible for the reason it stopped (by the bound, that p99 exceeds the SLO); a TPOT stop
-    counted with unfinished requests' TPOT bounds does the same with ``tpot_known_s``. Its
-    other figures cover the finished requests only."""
+    counted with unfinished requests' TPOT bounds does the same with ``tpot_known_s``, and
+    ``early_stop["bound"]`` names that latency (``ttft``, ``tpot``; None when no figure was
+    restated): its mean, median and percentiles are all over those requests, so each is a
+    lower bound. Its other figures cover the finished requests only (what they say of the
+    level: :mod:`autotune.loadgen.stopped`)."""
     out = dict(summary)
     known = {"p99_ttft": ttft_known_s, "p99_tpot": tpot_known_s}.get(reason)
+    bound = None
     if known:
         out[f"{reason}_ms"] = float(np.percentile(np.asarray(known) * 1000.0, 99))
+        bound = reason.removeprefix("p99_")
+        _restate(out, bound, np.asarray(known) * 1000.0)
     out["early_stop"] = {
         "reason": reason,
         "at_request": at_request,
         "planned_requests": planned,
         "replay_s": replay_s,
         "saved_s_at_least": max(saved_s_at_least, 0.0),
+        # the latency whose statistics are over every request sent (lower bounds)
+        "bound": bound,
     }
     return out
+
+
+def _restate(out: dict[str, Any], name: str, ms: np.ndarray[Any, Any]) -> None:
+    """The mean, median and percentiles of ``name`` over the same requests as its p99 (every
+    request sent, the unfinished ones at a lower bound), so none of them is read against a
+    p99 over other requests: a p99.9 over the finished ones alone can lie below that p99.
+    ``std`` is no bound and stays over the finished requests."""
+    tail = f"_{name}_ms"
+    for key in [k for k in out if k.endswith(tail)]:
+        stat = key[: -len(tail)]
+        if stat == "mean":
+            out[key] = float(np.mean(ms))
+        elif stat == "median":
+            out[key] = float(np.median(ms))
+        elif stat != "p99" and stat.startswith("p"):
+            try:
+                out[key] = float(np.percentile(ms, float(stat[1:])))
+            except ValueError:
+                continue  # not a percentile key

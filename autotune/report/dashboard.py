@@ -31,6 +31,7 @@ import optuna
 
 from autotune.config import StudyConfig
 from autotune.errors import DatabaseLostError
+from autotune.report.levels import record_stopped
 from autotune.report.recommend import capacity_rps, why_infeasible
 from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 from autotune.tuning.scoring import CONSTRAINT_NAMES, Slo, binding_slo
@@ -163,6 +164,10 @@ def _outcome_attrs(out: TrialOutcome, cfg: StudyConfig) -> dict[str, Any]:
         "why_infeasible": why_infeasible(rec, cfg.mode),
         "launch_command": rec.launch_command,
     }
+    if (s := record_stopped(top)) is not None:  # a stopped level: only what it measured
+        p99s = {k: s.values[k] for k in ("p99_ttft_ms", "p99_tpot_ms")}
+        attrs |= {k: None if v is None else round(v, 2) for k, v in p99s.items()}
+        attrs["stopped"] = s.stop.text
     if rec.diagnosis:
         attrs["diagnosis"] = rec.diagnosis.get("kind")
         attrs["diagnosis_suggestion"] = rec.diagnosis.get("suggestion")

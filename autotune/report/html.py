@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import plotly.graph_objects as go
 import plotly.offline
 
+from autotune.report.levels import figure_cell
 from autotune.report.plots import figures
 from autotune.report.recommend import capacity_rps, gain_text, why_infeasible
 from autotune.report.summary import (
@@ -136,8 +137,8 @@ def _trials(view: StudyView) -> str:
             *(t.engine_args.get(k, "-") for k in ENGINE_KEYS),
             _num(t.objective),
             _num(capacity_rps(t), ",.2f"),
-            _num(lv.p99_ttft_ms if lv else None),
-            _num(lv.p99_tpot_ms if lv else None),
+            figure_cell(lv, "p99_ttft_ms"),
+            figure_cell(lv, "p99_tpot_ms"),
             why_infeasible(t, view.cfg.mode) or ("ok" if t.feasible else "-"),
             (t.diagnosis or {}).get("kind") or "-",
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from autotune.report.levels import figure_cell, stop_note
 from autotune.report.recommend import capacity_rps, gain_text, why_infeasible
 from autotune.report.summary import (
     ENGINE_KEYS,
@@ -78,10 +79,12 @@ def trial_note(t: TrialRecord, mode: str, constraint_names: Sequence[str] = ()) 
                 _num(lv.offered_rate, ",.2f"),
                 lv.completed,
                 lv.failed,
-                _num(lv.p99_ttft_ms),
-                _num(lv.p99_tpot_ms),
-                _num(lv.output_throughput),
-                "ok" if lv.feasible else "; ".join(lv.violation_texts) or "violates",
+                figure_cell(lv, "p99_ttft_ms"),
+                figure_cell(lv, "p99_tpot_ms"),
+                figure_cell(lv, "output_throughput"),
+                "ok"
+                if lv.feasible
+                else ("; ".join(lv.violation_texts) or "violates") + stop_note(lv.metrics),
             )
             for lv in sorted(t.levels, key=lambda lv: lv.scale)
         ]
@@ -180,8 +183,8 @@ def markdown_report(view: StudyView, *, max_trials: int = 50) -> str:
                 *(t.engine_args.get(k, "-") for k in ENGINE_KEYS),
                 _num(t.objective),
                 _num(capacity_rps(t), ",.2f"),
-                _num(lv.p99_ttft_ms if lv else None),
-                _num(lv.p99_tpot_ms if lv else None),
+                figure_cell(lv, "p99_ttft_ms"),
+                figure_cell(lv, "p99_tpot_ms"),
                 why_infeasible(t, view.cfg.mode) or ("ok" if t.feasible else "-"),
             )
         )

@@ -21,6 +21,7 @@ import yaml
 
 from autotune.config import StudyConfig
 from autotune.redact import mask_argv, mask_command, mask_text
+from autotune.report.levels import export_level, record_stopped, stop_note
 from autotune.store import RepeatRecord, StudyRecord, TrialRecord
 from autotune.tuning.interval import Interval, ValidationSummary, summary_of
 from autotune.tuning.scoring import Slo, record_rank
@@ -151,6 +152,7 @@ def why_infeasible(t: TrialRecord, mode: str = "slo-capacity") -> str | None:
     if low is None:
         return t.failure_class or "no load level measured"
     what = "; ".join(low.violation_texts) or "violates the SLOs"
+    what += stop_note(low.metrics)  # a stopped level says why and when
     rate = f"{low.offered_rate:,.2f} req/s, " if low.offered_rate is not None else ""
     if all(v.get("name") == "overlength_rate" for v in low.violations) and low.violations:
         head = "requests too long for max_model_len at any load"
@@ -185,13 +187,16 @@ def _top_level(t: TrialRecord) -> dict[str, Any] | None:
     lv = t.headline_level()
     if lv is None:
         return None
-    return {
+    top: dict[str, Any] = {
         "scale": lv.scale,
         "p99_ttft_ms": lv.p99_ttft_ms,
         "p99_tpot_ms": lv.p99_tpot_ms,
         "output_throughput": lv.output_throughput,
         "feasible": lv.feasible,
     }
+    if (s := record_stopped(lv)) is not None:  # only what it measured (None: not measured)
+        top |= {k: s.values[k] for k in top if k in s.values} | {"stopped": s.stop.text}
+    return top
 
 
 def recommend(
@@ -410,6 +415,7 @@ def trial_rows(trials: list[TrialRecord], mode: str = "slo-capacity") -> list[di
                 "capacity_rps": capacity_rps(t),
                 "p99_ttft_ms": top.get("p99_ttft_ms"),
                 "p99_tpot_ms": top.get("p99_tpot_ms"),
+                "stopped": top.get("stopped"),
                 "failure_class": t.failure_class,
                 "why_infeasible": why_infeasible(t, mode),
                 "kv_cache_tokens": t.kv_cache_tokens,
@@ -483,6 +489,8 @@ def export_json(
             d["launch_argv"] = mask_argv(d["launch_argv"])
         if d.get("log_tail"):
             d["log_tail"] = mask_text(d["log_tail"])
+        for row, lv in zip(d["levels"], t.levels, strict=True):
+            export_level(row, lv)  # a stopped level: what it measured, why and when
         if not full:
             for lv in d["levels"]:
                 for key in _FULL_ONLY:
@@ -491,9 +499,10 @@ def export_json(
                     lv["diagnosis"] = {k: lv["diagnosis"].get(k) for k in ("kind", "suggestion")}
                 # 5 significant digits: far finer than any level's noise (the full export
                 # keeps every digit); the compact export stays small as studies grow
-                for k, v in lv.items():
-                    if isinstance(v, float) and math.isfinite(v):
-                        lv[k] = float(f"{v:.5g}")
+                for row in (lv, *(lv.get("violations") or ())):  # a violation's value too
+                    for k, v in row.items():
+                        if isinstance(v, float) and math.isfinite(v):
+                            row[k] = float(f"{v:.5g}")
         d["capacity_rps"] = capacity_rps(t)
         d["replicas_needed"] = replicas_needed(t.capacity_scale)
         d["why_infeasible"] = why_infeasible(t, study.mode)

@@ -18,6 +18,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from autotune.report.levels import record_stopped, stop_row
 from autotune.report.recommend import capacity_rps, why_infeasible
 from autotune.report.summary import ENGINE_KEYS
 from autotune.store import StudySummary, TrialRecord
@@ -61,6 +62,7 @@ def show_rows(trials: Sequence[TrialRecord], mode: str = "slo-capacity") -> list
     rows = []
     for t in trials:
         lv = t.headline_level()
+        stop = record_stopped(lv)  # a stopped level shows only what it measured
         rows.append(
             {
                 "trial": t.optuna_trial_number,
@@ -73,6 +75,7 @@ def show_rows(trials: Sequence[TrialRecord], mode: str = "slo-capacity") -> list
                 "capacity_rps": capacity_rps(t),
                 "p99_ttft_ms": lv.p99_ttft_ms if lv is not None else None,
                 "p99_tpot_ms": lv.p99_tpot_ms if lv is not None else None,
+                **(stop_row(stop) if stop is not None else {"stopped": None}),
                 "violations": list(lv.violation_texts) if lv is not None and not t.feasible else [],
                 "why_infeasible": why_infeasible(t, mode),
                 "failure_class": t.failure_class,
@@ -126,6 +129,12 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _ge(row: dict[str, Any], key: str) -> str:
+    """``≥`` before a stopped level's lower bound."""
+    stop = row.get("stopped")
+    return "≥" if stop and key in stop["bounds"] and row[key] is not None else ""
+
+
 def _lat(v: float | None) -> str:
     if v is None:
         return "-"
@@ -171,6 +180,7 @@ def _cells(row: dict[str, Any], wide: bool) -> dict[str, str]:
         violation = row["why_infeasible"] or "infeasible"
     elif row["violations"]:
         violation = "; ".join(row["violations"])
+        violation += f" ({row['stopped']['text']})" if row.get("stopped") else ""
     else:
         violation = f"worker: {row['failure_class']}" if row["failure_class"] else "infeasible"
     stage = row["stage"] if wide else short_stage(row["stage"])
@@ -181,8 +191,7 @@ def _cells(row: dict[str, Any], wide: bool) -> dict[str, str]:
         **{k: "-" if ea.get(k) is None else f"{ea[k]:g}" for k in ENGINE_KEYS},
         "output_tok_s": _f(row["output_tok_s"], ",.1f"),
         "capacity_rps": _f(row["capacity_rps"], ",.2f"),
-        "p99_ttft_ms": _lat(row["p99_ttft_ms"]),
-        "p99_tpot_ms": _lat(row["p99_tpot_ms"]),
+        **{k: _ge(row, k) + _lat(row[k]) for k in ("p99_ttft_ms", "p99_tpot_ms")},
         "violation": violation,
         "diagnosis": row["diagnosis"] or "-",
         "capacity_scale": _f(row["capacity_scale"], ".3f"),

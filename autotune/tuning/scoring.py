@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from autotune.config import SloConfig
 from autotune.loadgen.level import LevelMetrics
+from autotune.loadgen.stopped import StopInfo, certain_rate
 from autotune.store.records import TrialRecord
 from autotune.tuning.capacity import CapacityResult
 
@@ -59,13 +60,20 @@ class Violation:
     name: str  # a constraint name (CONSTRAINT_NAMES, "preemptions") or "completed"
     value: float | None  # None: nothing measured
     limit: float
+    bound: bool = False  # value is a lower bound (a stopped level's, loadgen.stopped)
 
     @property
     def text(self) -> str:
         return format_violation(self)
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "value": self.value, "limit": self.limit, "text": self.text}
+        d: dict[str, object] = {
+            "name": self.name,
+            "value": self.value,
+            "limit": self.limit,
+            "text": self.text,
+        }
+        return d | {"bound": True} if self.bound else d
 
 
 def _num(x: float, other: float, unit: str, least: int = 0) -> str:
@@ -87,7 +95,8 @@ def _pct(x: float, limit: float) -> str:
 
 
 def format_violation(v: Violation) -> str:
-    """E.g. ``p99 TPOT 58 ms > 50 ms``, ``over-length 1.9 % > 1 %``."""
+    """E.g. ``p99 TPOT 58 ms > 50 ms``, ``over-length 1.9 % > 1 %``; a lower bound (a stopped
+    level's) reads ``p99 TTFT ≥ 3,117 ms > 3,000 ms``."""
     lim = v.limit
     if v.name == "completed":
         return "no request completed"
@@ -95,13 +104,14 @@ def format_violation(v: Violation) -> str:
         label = {"p99_ttft": "p99 TTFT", "p99_tpot": "p99 TPOT"}.get(v.name, v.name)
         return f"{label} not measured (SLO {_limit(lim, ' ms')})"
     x = v.value
+    ge = "≥ " if v.bound else ""
     if v.name in ("p99_ttft", "p99_tpot"):
         label = "p99 TTFT" if v.name == "p99_ttft" else "p99 TPOT"
-        return f"{label} {_num(x, lim, ' ms')} > {_limit(lim, ' ms')}"
+        return f"{label} {ge}{_num(x, lim, ' ms')} > {_limit(lim, ' ms')}"
     if v.name == "error_rate":
-        return f"errors {_pct(x, lim)}"
+        return f"errors {ge}{_pct(x, lim)}"
     if v.name == "overlength_rate":
-        return f"over-length {_pct(x, lim)}"
+        return f"over-length {ge}{_pct(x, lim)}"
     if v.name == "preemptions":
         return f"preemptions {x:,.0f} > 0"
     return f"{v.name} {x:g} > {lim:g}"
@@ -174,7 +184,40 @@ def score_level(
     if m.completed == 0:
         broken.insert(0, Violation("completed", 0.0, 1.0))
     feasible = m.completed > 0 and all(x <= 0 for x in v.values())
+    stop = StopInfo.of(m.summary)
+    if stop is not None:
+        # the margins stay the figures' (the sampler's view of the trial, unchanged); the
+        # words say only what the stop made certain (docs/tuning.md#10-early-stop-inside-a-level)
+        seen = [b for b in broken if b.name == "preemptions"]  # certain once counted
+        broken = [*_certain(m, slo, stop, latency_slos), *seen]
     return LevelScore(scale, v, feasible, m.output_throughput, tuple(broken))
+
+
+def _certain(m: LevelMetrics, slo: Slo, stop: StopInfo, latency_slos: bool) -> list[Violation]:
+    """What a stopped level already breaks whatever its unsent requests would have done: the
+    SLO it stopped on, and a rate whose count among the requests sent exceeds what the limit
+    allows over the whole level (its value then ``count / planned``, a lower bound)."""
+    out: list[Violation] = []
+    for name, value, target in (
+        ("p99_ttft", m.p99_ttft_ms, slo.p99_ttft_ms),
+        ("p99_tpot", m.p99_tpot_ms, slo.p99_tpot_ms),
+    ):
+        if name != stop.reason or target is None or not latency_slos:
+            continue
+        # by the rule's bound it is (docs/tuning.md#10-early-stop-inside-a-level)
+        if value is None or value > target:
+            bound = stop.bound_figure == f"{name}_ms"
+            out.append(Violation(name, value, target, bound and value is not None))
+    for name, count, limit in (
+        ("error_rate", m.errors, slo.max_error_rate),
+        ("overlength_rate", m.over_length + m.truncated, slo.max_overlength_rate),
+    ):
+        at_least = certain_rate(count, stop.planned, limit)
+        if at_least is None and name == stop.reason:  # the rule counted what the records do
+            at_least = count / max(stop.planned, 1)
+        if at_least is not None:
+            out.append(Violation(name, at_least, limit, True))
+    return out
 
 
 def score_trial(levels: Sequence[LevelScore], capacity: CapacityResult | None = None) -> TrialScore:
