@@ -220,3 +220,14 @@ def test_proc_state_reads_state_and_cpu_ticks() -> None:
     got = proc_state(os.getpid())
     assert got is not None and got[0] in "RS" and got[1] >= 0
     assert proc_state(2**22 + 12345) is None
+
+
+def test_the_progress_line_says_hung_not_died(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli.study import _progress
+
+    _progress()(
+        "worker_died",
+        {"number": 0, "scale": 1.0, "failure_class": "HUNG", "message": "API server hung"},
+    )
+    out = capsys.readouterr().out
+    assert "worker hung (HUNG): API server hung" in out and "died" not in out

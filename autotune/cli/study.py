@@ -232,8 +232,9 @@ def _progress() -> Any:
         elif kind == "worker_failed":
             out.print(f"    {lane}worker failed: {d['failure_class']}: {escape(d['message'])}")
         elif kind == "worker_died":  # mid-level: the level stopped, its partial results kept
+            what = "hung" if d["failure_class"] == "HUNG" else "died"  # a hang is no death
             out.print(
-                f"    {lane}load x{d['scale']:.2f}: worker died ({d['failure_class']}): "
+                f"    {lane}load x{d['scale']:.2f}: worker {what} ({d['failure_class']}): "
                 f"{escape(d['message'])}; level stopped, partial results kept"
             )
         elif kind == "validation_start":

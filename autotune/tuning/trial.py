@@ -163,7 +163,8 @@ async def _replay(
             lvl.id = store.add_level(rec.id, lvl)
             rec.levels.append(lvl)
             death = out.extra.get("worker_death") or {}
-            head = f"worker died: {dead.line}"[:2000]
+            what = "hung" if failure == FailureClass.HUNG else "died"
+            head = f"worker {what}: {dead.line}"[:2000]
             context = str(death.get("log_context") or "")
             tail = f"{head}\n{context[-(7999 - len(head)) :]}"
             store.update_trial(rec.id, failure_class=failure, log_tail=tail)
