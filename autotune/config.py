@@ -65,6 +65,8 @@ _GPUS = re.compile(r"^[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*$")
 # --n-trials and --timeout share them.
 MAX_TRIALS = 100_000
 MAX_TIMEOUT_S = 365 * 86400.0
+# workload.rate (requests/s) and the trace scales: one request in 11.6 days to a million a second
+SCALE_RANGE = (1e-6, 1e6)
 
 
 class _Model(BaseModel):
@@ -159,8 +161,10 @@ class WorkloadConfig(_Model):
     num_prompts: int = Field(500, ge=1)
     input_len: int = Field(512, ge=1)
     output_len: int = Field(128, ge=1)
-    input_sigma: float = Field(0.5, ge=0)
-    output_sigma: float = Field(0.5, ge=0)
+    # a lognormal sigma of 10 already spreads lengths over dozens of orders of magnitude;
+    # 1e300 overflowed sigma^2 in the length sampler
+    input_sigma: float = Field(0.5, ge=0, le=10)
+    output_sigma: float = Field(0.5, ge=0, le=10)
     range_ratio: float = Field(0.0, ge=0, lt=1)
     arrival: Literal["poisson", "gamma", "constant", "trace", "closed", "all-at-once"] = "poisson"
     rate: float | None = Field(None, gt=0, description="requests/s at load scale 1.0")
@@ -168,6 +172,18 @@ class WorkloadConfig(_Model):
     concurrency: int | None = Field(None, ge=1, description="closed loop: requests in flight")
     time_scale: float = Field(1.0, gt=0)
     rate_scale: float = Field(1.0, gt=0)
+
+    @field_validator("rate", "time_scale", "rate_scale")
+    @classmethod
+    def _sane_scale(cls, v: float | None, info: ValidationInfo) -> float | None:
+        # a rate of 1e-300 req/s put arrivals beyond any integer second (docs/bad-input.md)
+        if v is not None and not SCALE_RANGE[0] <= v <= SCALE_RANGE[1]:
+            raise ValueError(
+                f"{v:g} is outside {SCALE_RANGE[0]:g} to {SCALE_RANGE[1]:g}"
+                + (" requests/s" if info.field_name == "rate" else "")
+            )
+        return v
+
     warmup: int = Field(0, ge=0)
     peak_concurrency: int | None = Field(None, ge=1)
     endpoint: Literal["completions", "chat"] = "completions"

@@ -250,6 +250,27 @@ HOSTILE: list[Case] = [
         line="worker.startup_timeout_s: Input should be a finite number",
     ),
     Case(
+        "hostile-rate-tiny",
+        "config field",
+        "workload.rate: 1e-300 (arrivals beyond any integer second)",
+        config=_w(rate=1e-300),
+        line="workload.rate: 1e-300 is outside 1e-06 to 1e+06 requests/s",
+    ),
+    Case(
+        "hostile-time-scale-huge",
+        "config field",
+        "workload.time_scale: 1e300",
+        config=_w(time_scale=1e300),
+        line="workload.time_scale: 1e+300 is outside 1e-06 to 1e+06",
+    ),
+    Case(
+        "hostile-sigma-huge",
+        "config field",
+        "workload.input_sigma: 1e300 (overflowed the length sampler)",
+        config=_w(input_sigma=1e300),
+        line="workload.input_sigma: Input should be less than or equal to 10",
+    ),
+    Case(
         "hostile-name-empty",
         "config field",
         "name: '' (an empty string)",
