@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import free_port
@@ -231,3 +232,50 @@ def test_the_progress_line_says_hung_not_died(capsys: pytest.CaptureFixture[str]
     )
     out = capsys.readouterr().out
     assert "worker hung (HUNG): API server hung" in out and "died" not in out
+
+
+# -- the controller retries a killed worker once (without PostgreSQL) -------------------------
+
+
+def test_a_study_retries_a_trial_whose_worker_was_killed_and_takes_the_retrys_verdict(
+    tmp_path: Path,
+) -> None:
+    """The baseline's sim worker is killed mid-level: the attempt is stored FAIL (KILLED)
+    with its partial level, the configuration runs again once in a fresh worker, and the
+    study's result is the retry's clean run (docs/faults.md#10-worker-faults)."""
+    import optuna
+    from test_study import config
+    from test_worker_death import _children_serving
+
+    from autotune.store import Store
+    from autotune.tuning.controller import create_study, run_study
+
+    cfg, text = config(
+        mode="fixed-rate",
+        worker={"kind": "sim", "time_scale": 1.0, "workdir": str(tmp_path / "w")},
+        workload={"num_prompts": 16, "rate": 8, "input_len": 256, "output_len": 16},
+        slo={"p99_ttft_ms": 30000, "p99_tpot_ms": 500},
+        strategy={"name": "joint", "n_trials": 1, "validate": {"enabled": False}},
+    )
+    killed: list[int] = []
+
+    def on_event(kind: str, d: Any) -> None:
+        if kind == "level_progress" and d["completed"] >= 2 and not killed:
+            (pid,) = _children_serving()
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        create_study(cfg, text, store)
+        report = run_study(cfg.name, store, on_event=on_event)
+        first, retry = store.trials(cfg.name)
+        study = optuna.load_study(study_name=cfg.name, storage=store.optuna_storage())
+        states = [(t.state.name, t.system_attrs.get("retry_history")) for t in study.trials]
+    assert killed and report.stopped_by == "plan complete" and report.trials_run == 1
+    assert states == [("FAIL", None), ("COMPLETE", [0])]
+    assert (first.state, first.failure_class) == ("FAIL", "KILLED")
+    assert (first.log_tail or "").startswith("attempt failed (KILLED)")
+    (lvl,) = first.levels
+    assert lvl.metrics["partial"] is True and lvl.metrics["worker_death"]["signal"] == "SIGKILL"
+    assert (retry.state, retry.failure_class, retry.feasible) == ("COMPLETE", None, True)
+    assert retry.engine_args == first.engine_args and retry.launch_argv != first.launch_argv
