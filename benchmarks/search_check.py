@@ -43,7 +43,7 @@ def one(task: tuple[str, int, bool, str, int, dict[str, Any]]) -> dict[str, Any]
     out: dict[str, Any] = {"name": name, "seed": seed, "wall_s": wall}
     out["trials"] = [(t.stage, t.engine_args, round(t.objective or 0, 1)) for t in trials]
     picks = {"search": recommend(cfg, trials), "validated": recommend(cfg, trials, reps)}
-    summary = summary_of(cfg, reps) if val else None
+    summary = summary_of(cfg, reps, trials) if val else None
     if summary is not None:
         out["verdict"] = summary.verdict
         out["intervals"] = [

@@ -49,7 +49,7 @@ FRESH_SEEDS = tuple(900_001 + j for j in range(10))
 def validation_of(cfg: Any, trials: list[Any], repeats: list[Any]) -> dict[str, Any] | None:
     """What the study's validation phase reported: the verdict and the interval of the
     candidate it ranked first (the recommended one, or the best one when it says keep)."""
-    summary = summary_of(cfg, repeats)
+    summary = summary_of(cfg, repeats, trials)
     if summary is None or not summary.complete:
         return None
     cand = summary.candidate(summary.best)

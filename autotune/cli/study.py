@@ -533,6 +533,10 @@ def best(
         print_json(best_json(name, r))
     else:
         print(format_recommendation(r))
+    if r.undecided:
+        # no config held its SLOs in every validation run: no command is recommended, and
+        # the status says so as for a study without a feasible trial (docs/tuning.md#7-validation)
+        raise typer.Exit(NotFoundError.exit_code)
 
 
 @study_app.command("export")
@@ -558,7 +562,7 @@ def export(
     text = (
         export_json(rec, trials, repeats, cfg, full=full)
         if fmt == "json"
-        else export_csv(trials, rec.mode, summary_of(cfg, repeats))
+        else export_csv(trials, rec.mode, summary_of(cfg, repeats, trials))
     )
     if output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

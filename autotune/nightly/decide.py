@@ -18,6 +18,7 @@ from typing import Literal
 
 from autotune.store import TrialRecord
 from autotune.tuning.interval import CandidateSummary, Interval, ValidationSummary
+from autotune.tuning.verdict import held_text
 
 __all__ = ["EXIT_KEEP", "EXIT_NONE_FEASIBLE", "EXIT_PROMOTED", "Decision", "DecisionKind", "decide"]
 
@@ -53,8 +54,9 @@ def _iv(iv: Interval) -> str:
 
 def _why_incumbent_failed(s: ValidationSummary) -> str:
     parts = []
-    if s.baseline_held < s.repeats:
-        parts.append(f"its SLOs held in {s.baseline_held} of {s.repeats} repeats")
+    h = s.baseline
+    if h.all_held < h.all_runs:
+        parts.append(f"its SLOs held {held_text(h)}")
     if not s.baseline_overlength_ok and s.baseline_overlength_rate is not None:
         parts.append(
             f"it cut {100 * s.baseline_overlength_rate:.1f} % of requests over its "
@@ -84,7 +86,8 @@ def decide(
             False,
         )
     eligible = sorted((c for c in summary.candidates if c.eligible), key=_rank, reverse=True)
-    inc_ok = summary.baseline_held >= summary.repeats and summary.baseline_overlength_ok
+    # its run in the study counts as one of its runs (docs/tuning.md#7-validation)
+    inc_ok = summary.baseline_ok
     if not inc_ok:
         why = _why_incumbent_failed(summary)
         if not eligible:

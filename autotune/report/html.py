@@ -95,7 +95,14 @@ def _summary(view: StudyView) -> str:
         head = (
             f'<p class="big">{t.objective or 0:,.1f} output tok/s at capacity {_e(cap)}</p>'
             f'<p class="gain">Gain over vLLM\'s defaults: <b>{_e(gain_text(rec))}</b></p>'
-            f"<p>Recommended: trial {t.optuna_trial_number} ({_e(t.stage)})</p>"
+        )
+        # undecided: no config held its SLOs in every validation run, so no command
+        # (docs/tuning.md#7-validation)
+        head += (
+            f"<p>No recommendation; the study's best, not validated: trial "
+            f"{t.optuna_trial_number} ({_e(t.stage)})</p>"
+            if rec.undecided
+            else f"<p>Recommended: trial {t.optuna_trial_number} ({_e(t.stage)})</p>"
             f"<pre><code>{_e(rec.command)}</code></pre>"
         )
     return f'<div class="card">{head}{_kv(details(view))}</div>'

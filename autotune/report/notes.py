@@ -124,16 +124,16 @@ def _summary_lines(view: StudyView) -> list[str]:
         rps = capacity_rps(t)
         cap = f" at x{t.capacity_scale:.3f}" if t.capacity_scale is not None else ""
         cap += f" ({rps:,.2f} req/s)" if rps is not None else ""
+        # undecided: no config held its SLOs in every validation run, no command
+        # (docs/tuning.md#7-validation)
+        head = "No recommendation; the study's best, not validated" if rec.undecided else ""
         out += [
-            f"**Recommended**: trial {t.optuna_trial_number} ({t.stage}), "
+            f"**{head or 'Recommended'}**: trial {t.optuna_trial_number} ({t.stage}), "
             f"{t.objective or 0:,.1f} output tok/s{cap}",
             "",
             f"**Gain over vLLM's defaults**: {gain_text(rec)}",
             "",
-            "```",
-            rec.command,
-            "```",
-            "",
+            *([] if rec.undecided else ["```", rec.command, "```", ""]),
         ]
     out += [_table(("", ""), details(view)), ""]
     return out

@@ -6,7 +6,8 @@ enough), and its gain over the baseline measured in the same study with the same
 A gain is shown with its validation (docs/report.md#3-the-gain-and-its-validation): once
 the validation phase is complete (docs/tuning.md#7-validation) the recommendation is the
 config its paired intervals pick, with the gain's interval; "keep your current config" (the
-baseline) when no candidate beats the baseline beyond noise; "not validated" before."""
+baseline) with its reason when no candidate beats the baseline beyond noise; no command at
+all when no config held its SLOs in every run (undecided); "not validated" before."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from autotune.report.levels import export_level, record_stopped, stop_note
 from autotune.store import RepeatRecord, StudyRecord, TrialRecord
 from autotune.tuning.interval import Interval, ValidationSummary, summary_of
 from autotune.tuning.scoring import Slo, record_rank
+from autotune.tuning.verdict import Held, held_text
 from autotune.workers.vllm import format_command, vllm_argv
 
 __all__ = [
@@ -86,6 +88,13 @@ class Recommendation:
         return self.validated and self.validation is not None and self.validation.verdict == "keep"
 
     @property
+    def undecided(self) -> bool:
+        """No config held its SLOs in every run: nothing to recommend, and no command to
+        print (docs/tuning.md#7-validation)."""
+        v = self.validation
+        return self.validated and v is not None and v.verdict == "undecided"
+
+    @property
     def interval(self) -> Interval | None:
         """The reported gain interval: the recommended config's, or (keep) the best
         candidate's."""
@@ -108,11 +117,14 @@ def gain_text(rec: Recommendation) -> str:
     """The gain as one phrase: the validated interval, "keep your current config: ...",
     "+14.3 % (not validated)" (the in-study gain, one run each), or "n/a (why)"."""
     b, v, iv = rec.baseline, rec.validation, rec.interval
+    why = (v.reason if v is not None else None) or "no candidate beats it beyond noise"
     if rec.keep:
         best = f"; best candidate {format_interval(iv)}" if iv is not None else ""
-        return f"keep your current config: no candidate beats it beyond noise{best}"
+        return f"keep your current config: {why}{best}"
     if rec.validated and v is not None and v.verdict == "no-baseline":
-        return "n/a (the baseline did not meet the SLOs over its validation repeats)"
+        return f"n/a ({why})"
+    if rec.undecided:
+        return f"undecided: {why}"
     if rec.validated and iv is not None:
         return format_interval(iv)
     gain = rec.gain_pct
@@ -207,7 +219,7 @@ def recommend(
     done = [t for t in trials if t.state == "COMPLETE"]
     feasible = [t for t in done if t.feasible and t.objective is not None]
     baseline = next((t for t in done if t.stage == "baseline"), None)
-    summary = summary_of(cfg, repeats or [])
+    summary = summary_of(cfg, repeats or [], trials)
     by_number = {t.optuna_trial_number: t for t in done}
     best: TrialRecord | None = None
     if summary is not None and summary.complete and summary.verdict is not None:
@@ -271,38 +283,55 @@ def format_validation(rec: Recommendation) -> list[str]:
     what = f"{v.figure} over the baseline"
     best = v.candidate(v.best)
     lines = []
+    why = v.reason or "no candidate beats it beyond noise"
     if v.verdict == "keep":
-        lines.append("keep your current config: no candidate beats it beyond noise")
+        lines.append(f"keep your current config: {why}")
         if best is not None and best.interval is not None:
             lines.append(
                 f"  best candidate, trial {best.trial_number}: {what} "
                 f"{format_interval(best.interval)}"
             )
-        elif best is None or not best.eligible:
-            lines.append("  no candidate met the SLOs in every repeat")
     elif v.verdict == "no-baseline":
-        lines.append(
-            f"validated: the baseline did not meet the SLOs over its repeats (the latency and "
-            f"error SLOs in {v.baseline_held} of {v.repeats}), so there is no gain to give; "
-            f"trial {v.chosen} met them in every repeat"
-        )
+        lines.append(f"validated: {why} (no gain to give over a config that breaks them)")
+    elif v.verdict == "undecided":
+        lines.append(f"undecided, no recommendation: {why}")
+        lines += _spread(v)
+        if best is not None and best.interval is not None:
+            lines.append(
+                f"  best candidate, trial {best.trial_number}: {what} "
+                f"{format_interval(best.interval)}"
+            )
     elif best is not None and best.interval is not None:
         lines.append(f"validated gain in {what}: {format_interval(best.interval)}")
-    for number, ok, rate in (
-        (best.trial_number, best.overlength_ok, best.overlength_rate) if best else (0, True, None),
-        (v.baseline_trial, v.baseline_overlength_ok, v.baseline_overlength_rate),
-    ):
-        if not ok and rate is not None:
-            who = "the baseline" if number == v.baseline_trial else f"trial {number}"
-            lines.append(
-                f"  {who} cut {100 * rate:.2f} % of requests over its repeats (max_model_len; "
-                f"the limit is {100 * v.max_overlength_rate:g} %)"
-            )
+    # a broken over-length limit is named in the reason (autotune.tuning.verdict)
     return lines
 
 
+def _spread(v: ValidationSummary) -> list[str]:
+    """Each config's runs: how many held the SLOs and the range of its figure over them."""
+
+    def line(who: str, h: Held, rng: tuple[float, float] | None) -> str:
+        span = (
+            (f"{rng[0]:,.4g}" if rng[0] == rng[1] else f"{rng[0]:,.4g}–{rng[1]:,.4g}")
+            if rng
+            else ""
+        )
+        fig = f"; {v.figure} {span} in the repeats where they held" if rng else ""
+        return f"  {who}: the SLOs held {held_text(h)}{fig}"
+
+    out = [line(f"baseline, trial {v.baseline_trial}", v.baseline, v.baseline_figure_range)]
+    out += [line(f"trial {c.trial_number}", c.held, c.figure_range) for c in v.candidates]
+    return out
+
+
 def format_recommendation(rec: Recommendation) -> str:
-    lines = [rec.command, "", yaml.safe_dump(rec.engine_args, sort_keys=False).rstrip(), ""]
+    if rec.undecided:
+        # no config held its SLOs in every run: no `vllm serve` command to recommend
+        # (`study best` exits 4, docs/tuning.md#7-validation); the study's own best follows,
+        # marked as such
+        lines = [*format_validation(rec), "", "the study's best, not validated:"]
+    else:
+        lines = [rec.command, "", yaml.safe_dump(rec.engine_args, sort_keys=False).rstrip(), ""]
     t, b = rec.trial, rec.baseline
     top = _top_level(t)
     what = f"trial {t.optuna_trial_number} ({t.stage}): {t.objective:,.1f} output tok/s"
@@ -340,7 +369,8 @@ def format_recommendation(rec: Recommendation) -> str:
         )
     else:
         lines.append("gain over baseline: none (the best trial is the baseline itself)")
-    lines += format_validation(rec)
+    if not rec.undecided:
+        lines += format_validation(rec)
     return "\n".join(lines)
 
 
@@ -355,8 +385,9 @@ def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
         "study": study,
         "trial": t.optuna_trial_number,
         "stage": t.stage,
-        "command": rec.command,
-        "argv": rec.argv,
+        # undecided: no config held its SLOs in every run, so no command is recommended
+        "command": None if rec.undecided else rec.command,
+        "argv": None if rec.undecided else rec.argv,
         "engine_args": rec.engine_args,
         "output_tok_s": t.objective,
         "capacity_scale": t.capacity_scale,
@@ -378,6 +409,8 @@ def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
             "in_study_pct": rec.gain_pct,
             "validated": rec.validated,
             "keep": rec.keep,
+            "verdict": rec.validation.verdict if rec.validated and rec.validation else None,
+            "reason": rec.validation.reason if rec.validated and rec.validation else None,
             "interval": None
             if iv is None or iv.n < 2
             else {
@@ -434,11 +467,11 @@ _FULL_ONLY = ("metrics", "telemetry")
 
 
 def _validation_json(
-    cfg: StudyConfig | None, repeats: list[RepeatRecord] | None
+    cfg: StudyConfig | None, repeats: list[RepeatRecord] | None, trials: list[TrialRecord]
 ) -> dict[str, Any] | None:
     if not repeats:
         return None
-    summary = summary_of(cfg, repeats) if cfg is not None else None
+    summary = summary_of(cfg, repeats, trials) if cfg is not None else None
     runs = []
     for r in repeats:
         d = asdict(r)
@@ -516,7 +549,7 @@ def export_json(
         "study": study_d,
         "trials": [trial(t) for t in trials],
         # the validation phase's runs and summary (docs/tuning.md#7-validation); None: none
-        "validation": _validation_json(cfg, repeats),
+        "validation": _validation_json(cfg, repeats, trials),
     }
     return json.dumps(body, separators=(",", ":"), default=str)
 

@@ -7,12 +7,11 @@ t-interval of the mean paired gain. The per-pair standard deviation is floored (
 capacity-lattice step by default): capacities sit on the lattice, so paired differences can
 be exactly equal and a zero-width interval would claim certainty the lattice cannot give.
 
-The recommendation is the candidate with the best lower bound among those whose SLOs held in
-every repeat; when that bound is <= 0 no candidate beats the baseline beyond noise, and the
-verdict is "keep". The latency and error SLOs must hold in every repeat; the over-length
-limit is judged on a config's repeats together (requests cut over requests sent), because
-how many requests ``max_model_len`` cuts depends on the lengths drawn, not on load or noise,
-and the pooled rate estimates it better than any one sample does.
+The verdict (:mod:`autotune.tuning.verdict`) holds every config, the baseline included, to
+one bar: the latency and error SLOs held in every run, its run in the study counted as one;
+the over-length limit is judged on a config's repeats together (requests cut over requests
+sent), because how many requests ``max_model_len`` cuts depends on the lengths drawn, not on
+load or noise, and the pooled rate estimates it better than any one sample does.
 
 Figures per mode (higher is better): ``slo-capacity`` the SLO capacity (load scale),
 ``offline`` output throughput, ``fixed-rate`` the worst SLO margin's headroom
@@ -26,10 +25,12 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 from autotune.config import StudyConfig
-from autotune.store.records import RepeatRecord
+from autotune.store.records import RepeatRecord, TrialRecord
+from autotune.tuning.tdist import t_quantile, t_two_sided
+from autotune.tuning.verdict import Contender, Held, Verdict, held_in_study, verdict_of
 
 __all__ = [
     "FIGURE_NAMES",
@@ -51,54 +52,6 @@ FIGURE_NAMES = {
     "offline": "throughput",
     "fixed-rate": "worst SLO margin",
 }
-
-# recommend: a candidate beats the baseline beyond noise; keep: none does;
-# no-baseline: the baseline met its SLOs in no repeat (or broke the over-length limit), so
-# there is no gain to give
-Verdict = Literal["recommend", "keep", "no-baseline"]
-
-
-def t_two_sided(t: float, df: int) -> float:
-    """P(-t < T < t) for Student's t with ``df`` (>= 1, integer) degrees of freedom: the
-    finite series of Abramowitz & Stegun 26.7.3-4, exact for integer ``df``."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if t <= 0:
-        return 0.0
-    theta = math.atan(t / math.sqrt(df))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if df % 2 == 0:
-        term, total = 1.0, 1.0
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        return min(1.0, s * total)
-    if df == 1:
-        return 2.0 * theta / math.pi
-    term = math.cos(theta)
-    total = term
-    for k in range(1, (df - 1) // 2):
-        term *= c2 * (2 * k) / (2 * k + 1)
-        total += term
-    return min(1.0, 2.0 / math.pi * (theta + s * total))
-
-
-def t_quantile(confidence: float, df: int) -> float:
-    """The t with ``P(-t < T < t) = confidence`` (e.g. 4.303 for 95 % and 2 df)."""
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    lo, hi = 0.0, 1.0
-    while t_two_sided(hi, df) < confidence:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_two_sided(mid, df) < confidence:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * hi:
-            break
-    return 0.5 * (lo + hi)
 
 
 @dataclass(frozen=True)
@@ -181,17 +134,27 @@ class CandidateSummary:
     interval: Interval | None  # None: no repeat where both it and the baseline held
     overlength_rate: float | None = None  # pooled over its runs
     overlength_ok: bool = True  # the pooled rate is within the limit
+    study_held: bool | None = None  # its run in the study held its SLOs (None: not known)
+    figure_range: tuple[float, float] | None = None  # over the runs that held
+
+    @property
+    def held(self) -> Held:
+        return Held(
+            self.runs, self.slo_held, self.study_held, self.overlength_rate, self.overlength_ok
+        )
 
     @property
     def eligible(self) -> bool:
-        """Its SLOs held in every repeat (over-length: pooled)."""
-        return self.runs > 0 and self.slo_held == self.runs and self.overlength_ok
+        """Its SLOs held in every run, the study's included (over-length: pooled)."""
+        return self.held.every
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "trial_number": self.trial_number,
             "runs": self.runs,
             "slo_held": self.slo_held,
+            "study_held": self.study_held,
+            "figure_range": list(self.figure_range) if self.figure_range else None,
             "overlength_rate": self.overlength_rate,
             "overlength_ok": self.overlength_ok,
             "eligible": self.eligible,
@@ -215,12 +178,31 @@ class ValidationSummary:
     max_overlength_rate: float
     candidates: tuple[CandidateSummary, ...]
     verdict: Verdict | None  # None while runs are missing
-    chosen: int | None  # the recommended trial (None: keep, or incomplete)
+    chosen: int | None  # the recommended trial (None: keep, undecided, or incomplete)
     best: int | None  # the candidate with the best lower bound: the interval reported
+    reason: str | None = None  # why the verdict (autotune.tuning.verdict)
+    baseline_runs: int = 0  # its finished validation runs
+    baseline_study_held: bool | None = None  # its run in the study held (None: not known)
+    baseline_figure_range: tuple[float, float] | None = None
 
     @property
     def complete(self) -> bool:
         return self.runs_done >= self.runs_planned
+
+    @property
+    def baseline(self) -> Held:
+        return Held(
+            self.baseline_runs,
+            self.baseline_held,
+            self.baseline_study_held,
+            self.baseline_overlength_rate,
+            self.baseline_overlength_ok,
+        )
+
+    @property
+    def baseline_ok(self) -> bool:
+        """The baseline held its SLOs in every run, the study's included."""
+        return self.baseline.every
 
     def candidate(self, trial_number: int | None) -> CandidateSummary | None:
         return next((c for c in self.candidates if c.trial_number == trial_number), None)
@@ -259,10 +241,13 @@ def summarize(
     confidence: float,
     sd_floor: float,
     max_overlength_rate: float,
+    study_held: Mapping[int, bool] | None = None,
 ) -> ValidationSummary:
-    """Per-candidate paired intervals and the verdict. Pairs are formed per repeat from the
-    runs where both the candidate and the baseline met their SLOs; a candidate whose SLOs
-    failed in any repeat (over-length: over all its repeats) is not recommended."""
+    """Per-candidate paired intervals and the verdict (:func:`verdict_of`). Pairs are formed
+    per repeat from the runs where both the candidate and the baseline met their SLOs.
+    ``study_held`` maps a trial number to whether its run in the study held its SLOs: that
+    run counts as one of the config's runs, for the baseline as for the candidates."""
+    in_study = study_held or {}
     limit = max_overlength_rate + 1e-12
 
     def ok(rate: float | None) -> bool:
@@ -296,29 +281,23 @@ def summarize(
                 paired_interval(gains, confidence, sd_floor) if gains else None,
                 ol,
                 ok(ol),
+                in_study.get(number),
+                (min(figs), max(figs)) if figs else None,
             )
         )
     cands.sort(key=lambda c: c.trial_number)
     done = len(runs)
-    verdict: Verdict | None = None
-    chosen: int | None = None
-    ranked = sorted(cands, key=_rank, reverse=True)
-    eligible = [c for c in ranked if c.eligible]
-    best = (eligible or ranked)[0].trial_number if ranked else None
-    if done >= runs_planned and eligible:
-        top = eligible[0]
-        if base_held == 0 or not ok(base_ol):
-            # the baseline is infeasible: nothing to compare with, any eligible config is
-            # better; the one that ranks first (or, without pairs, served the most)
-            if top.interval is None:
-                top = max(eligible, key=lambda c: c.mean_figure or 0.0)
-            verdict, chosen, best = "no-baseline", top.trial_number, top.trial_number
-        elif top.interval is not None and top.interval.low > 0:
-            verdict, chosen = "recommend", top.trial_number
-        else:
-            verdict = "keep"
-    elif done >= runs_planned:
-        verdict = "keep"  # no candidate held its SLOs in every repeat
+    base_figs = [f for f in base.values() if f is not None]
+    held = Held(len(base_runs), base_held, in_study.get(baseline_trial), base_ol, ok(base_ol))
+    verdict, chosen, best, reason = verdict_of(
+        held,
+        [
+            Contender(c.trial_number, c.held, c.interval.low if c.interval else None, c.mean_figure)
+            for c in sorted(cands, key=_rank, reverse=True)
+        ],
+        complete=done >= runs_planned,
+        max_overlength_rate=max_overlength_rate,
+    )
     return ValidationSummary(
         mode=mode,
         figure=FIGURE_NAMES.get(mode, mode),
@@ -335,11 +314,20 @@ def summarize(
         verdict=verdict,
         chosen=chosen,
         best=best,
+        reason=reason,
+        baseline_runs=len(base_runs),
+        baseline_study_held=held.study,
+        baseline_figure_range=(min(base_figs), max(base_figs)) if base_figs else None,
     )
 
 
-def summary_of(cfg: StudyConfig, repeats: Sequence[RepeatRecord]) -> ValidationSummary | None:
-    """The paired intervals and verdict of a study's stored runs (None: no plan)."""
+def summary_of(
+    cfg: StudyConfig,
+    repeats: Sequence[RepeatRecord],
+    trials: Sequence[TrialRecord] | None = None,
+) -> ValidationSummary | None:
+    """The paired intervals and verdict of a study's stored runs (None: no plan); with the
+    study's ``trials``, each config's run in the study counts as one of its runs."""
     if not repeats:
         return None
     base = next((r.trial_number for r in repeats if r.role == "baseline"), -1)
@@ -374,4 +362,10 @@ def summary_of(cfg: StudyConfig, repeats: Sequence[RepeatRecord]) -> ValidationS
         # one capacity-lattice step, in percent: the finest gain the protocol resolves
         sd_floor=100.0 * cfg.strategy.capacity_resolution,
         max_overlength_rate=cfg.slo.max_overlength_rate,
+        study_held={
+            t.optuna_trial_number: held_in_study(t)
+            for t in trials or ()
+            if t.state == "COMPLETE"
+            and any(r.trial_number == t.optuna_trial_number for r in repeats)
+        },
     )

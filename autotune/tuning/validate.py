@@ -361,7 +361,7 @@ async def run_validation(
                 "mode": cfg.mode,
             },
         )
-    summary = summary_of(cfg, store.repeats(name))
+    summary = summary_of(cfg, store.repeats(name), store.trials(name))
     if summary is not None and summary.complete:
         if publish is not None:
             publish(summary.to_dict())
