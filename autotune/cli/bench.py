@@ -62,9 +62,19 @@ def _workload(
     except ValidationError as exc:
         e = exc.errors()[0]
         field = ".".join(str(x) for x in e["loc"]) or "dataset"
-        raise ConfigError(
-            f"--{field.replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}"
-        ) from exc
+        flag = _FLAG_OF_FIELD.get(field, field.replace("_", "-"))
+        raise ConfigError(f"--{flag}: {e['msg'].removeprefix('Value error, ')}") from exc
+
+
+# the bench flag behind each WorkloadConfig field whose name differs (an error names the flag)
+_FLAG_OF_FIELD = {
+    "rate": "request-rate",
+    "input_len": "random-input-len",
+    "output_len": "random-output-len",
+    "range_ratio": "random-range-ratio",
+    "source": "dataset",
+    "path": "dataset-path",
+}
 
 
 def _check_base_url(url: str) -> str:

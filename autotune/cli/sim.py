@@ -197,7 +197,9 @@ def _sim_run(
         typer.Argument(metavar="MODEL", help="Built-in model name or a folder with config.json."),
     ],
     hardware: Annotated[str, typer.Option("--hardware", help="GPU profile name.")],
-    num_requests: Annotated[int, typer.Option(min=1)] = 200,
+    # at most a million (already minutes of simulation): 1e11 asked numpy for 745 GiB and
+    # ended in a MemoryError traceback
+    num_requests: Annotated[int, typer.Option(min=1, max=1_000_000)] = 200,
     prompt_mean: Annotated[int, typer.Option(min=1, help="Mean prompt tokens.")] = 512,
     output_mean: Annotated[int, typer.Option(min=1, help="Mean output tokens.")] = 256,
     rate: Annotated[
