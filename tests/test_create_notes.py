@@ -21,7 +21,7 @@ def test_longest_candidate_warning_needs_few_requests_and_a_far_candidate() -> N
     assert w.startswith("max_model_len candidate 34560 is set by 1 of 400 requests (0.25 %)")
     assert "search.max_model_len.high: 1280" in w
     # an ordinary tail: the max is less than twice the next candidate
-    assert longest_candidate_warning((1280, 2304), prompt[:399] + [2000], output) is None
+    assert longest_candidate_warning((1280, 2304), [*prompt[:399], 2000], output) is None
     # 1 % or more of the requests need it: it is the workload's, not an outlier's
     assert longest_candidate_warning((1280, 34560), [1000] * 99 + [30000], [100] * 100) is None
     assert longest_candidate_warning((34560,), prompt, output) is None
