@@ -35,6 +35,7 @@ __all__ = [
     "check_yaml",
     "clean_url",
     "read_regular_file",
+    "special_file",
 ]
 
 # A study config is a few kilobytes; the largest legitimate one (a long enqueue list) stays
@@ -61,10 +62,7 @@ def read_regular_file(path: Path, max_bytes: int, what: str) -> bytes:
         if stat.S_ISDIR(st.st_mode):
             raise ConfigError(f"{path}: cannot read {what} (it is a folder, not a file)")
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(
-                f"{path}: cannot read {what} (it is not a regular file: a device, pipe or "
-                "socket never ends)"
-            )
+            raise ConfigError(f"{path}: cannot read {what} ({_SPECIAL})")
         if st.st_size > max_bytes:
             raise ConfigError(_too_big(path, what, st.st_size, max_bytes))
         with os.fdopen(fd, "rb", closefd=False) as f:
@@ -76,6 +74,20 @@ def read_regular_file(path: Path, max_bytes: int, what: str) -> bytes:
     if len(data) > max_bytes:
         raise ConfigError(_too_big(path, what, len(data), max_bytes))
     return data
+
+
+_SPECIAL = "it is not a regular file: a device, pipe or socket never ends"
+
+
+def special_file(path: Path) -> str | None:
+    """Why ``path`` must not be read whole (a device, FIFO or socket: ``/dev/zero`` never
+    ends, a FIFO blocks), or None for a regular file, a folder or a missing path (which the
+    caller reports in its own words)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else _SPECIAL
 
 
 def _too_big(path: Path, what: str, size: int, max_bytes: int) -> str:

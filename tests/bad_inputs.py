@@ -425,6 +425,27 @@ HOSTILE: list[Case] = [
         line="Invalid value for '--num-requests'",
     ),
     Case(
+        "hostile-data-dev-zero",
+        "special file",
+        "a sharegpt path of /dev/zero",
+        config={"workload": {**SHAREGPT, "path": "/dev/zero"}},
+        line="/dev/zero: it is not a regular file",
+    ),
+    Case(
+        "hostile-model-config-dev-zero",
+        "special file",
+        "model.config_json: /dev/zero",
+        config={"model": {"config_json": "/dev/zero"}},
+        line="/dev/zero: cannot read model config (it is not a regular file",
+    ),
+    Case(
+        "hostile-token-file-dev-zero",
+        "special file",
+        "serve --token-file /dev/zero",
+        args=("serve", "--token-file", "/dev/zero", "--storage", "{db}"),
+        line="--token-file: cannot read /dev/zero (it is not a regular file",
+    ),
+    Case(
         "hostile-export-disk-full",
         "special file",
         "export -o /dev/full (no space left)",

@@ -13,6 +13,7 @@ import typer
 from autotune.cli._app import app
 from autotune.cli.study import StorageOpt, open_store
 from autotune.errors import ConfigError
+from autotune.inputs import special_file
 
 __all__ = ["TOKEN_ENV", "is_loopback", "read_token", "serve"]
 
@@ -32,6 +33,8 @@ def read_token(token_file: str | None) -> str | None:
     """The bearer token: ``--token-file``'s contents, else ``$AUTOTUNE_API_TOKEN`` (never
     argv, where every user of the host could read it)."""
     if token_file is not None:
+        if (why := special_file(Path(token_file))) is not None:  # /dev/zero would never end
+            raise ConfigError(f"--token-file: cannot read {token_file} ({why})")
         try:
             token = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ProfileError
+from autotune.inputs import special_file
 
 __all__ = ["ModelProfile", "builtin_models", "get_model", "load_model_config"]
 
@@ -162,6 +163,8 @@ def load_model_config(path: str | Path, name: str | None = None) -> ModelProfile
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
+    if (why := special_file(p)) is not None:  # /dev/zero ended in a MemoryError traceback
+        raise ProfileError(f"{p}: cannot read model config ({why})")
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:

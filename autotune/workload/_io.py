@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.inputs import special_file
 
 __all__ = ["as_count", "as_number", "bad", "iter_csv", "iter_json_array", "iter_jsonl", "read_text"]
 
@@ -28,7 +29,10 @@ def bad(path: Path | str, line: int | None, field: str | None, message: str) -> 
 
 
 def read_text(path: Path) -> str:
-    """The whole file as UTF-8; a missing or unreadable file is a ConfigError, not an OSError."""
+    """The whole file as UTF-8; a missing or unreadable file is a ConfigError, not an OSError.
+    Data files may be large, so there is no size cap, but a device or FIFO is refused."""
+    if (why := special_file(path)) is not None:
+        raise bad(path, None, None, why)
     try:
         return path.read_text(encoding="utf-8-sig")  # tolerate a BOM (Excel exports)
     except FileNotFoundError:
