@@ -457,9 +457,25 @@ def _to_python(
         text = _expand(node.value, where) if "${" in node.value else node.value
         if node.tag != "tag:yaml.org,2002:str" or node.style is None:
             # an unquoted ${X} that expands to a number or bool becomes that type
-            return yaml.safe_load(text) if text.strip() else text
+            return _load_scalar(text, where, path) if text.strip() else text
         return text
-    return yaml.safe_load(yaml.serialize(node))
+    return _load_scalar(yaml.serialize(node), where, path)
+
+
+def _load_scalar(text: str, where: str, path: Path_) -> Any:
+    """One value's YAML (a scalar, or what an unquoted ``${VAR}`` expanded to), with the
+    document's limits (autotune.inputs.check_yaml) and one error line."""
+    where = f"{where}: {'.'.join(str(p) for p in path) or '(top level)'}"
+    check_yaml(text, where, lines=False)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:  # only from a ${VAR}'s text: the document parsed
+        raise ConfigError(f"{where}: the expanded value is not valid YAML; quote it") from exc
+    except ValueError as exc:
+        # a date such as 2026-13-45, or an int over the 4,300 digits Python reads
+        # (sys.get_int_max_str_digits); the value is not echoed: it may be megabytes long
+        why = "a number of more than 4,300 digits" if "digits" in str(exc) else str(exc)
+        raise ConfigError(f"{where}: cannot read the value ({why})") from exc
 
 
 def _compose(text: str, source: str) -> yaml.Node:

@@ -97,41 +97,41 @@ def _too_big(path: Path, what: str, size: int, max_bytes: int) -> str:
     )
 
 
-def check_yaml(text: str, source: str) -> None:
+def check_yaml(text: str, source: str, *, lines: bool = True) -> None:
     """Refuse, before any value is built, a YAML document with anchors or aliases, deeper
     than :data:`MAX_YAML_DEPTH` or with more than :data:`MAX_YAML_NODES` values. Reads the
     parser's events, so the cost is linear in the text whatever it holds. Syntax errors
-    are left to the composer, which reports them with their line."""
+    are left to the composer, which reports them with their line. ``lines=False``: the
+    messages name ``source`` alone (a value inside a document, already ``file:line``)."""
     depth = nodes = 0
     prev: yaml.Event | None = None
-    anchor: tuple[str, int] | None = None
+    anchor: tuple[str, str] | None = None
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            line = event.start_mark.line + 1 if event.start_mark is not None else 1
+            mark = event.start_mark
+            at = f"{source}:{mark.line + 1}" if lines and mark is not None else source
             if isinstance(event, yaml.AliasEvent):
                 if isinstance(prev, yaml.ScalarEvent) and prev.value == "<<" and prev.implicit[0]:
                     raise ConfigError(
-                        f"{source}:{line}: YAML merge keys (<<) are not supported; "
-                        "write the fields out"
+                        f"{at}: YAML merge keys (<<) are not supported; write the fields out"
                     )
                 raise ConfigError(
-                    f"{source}:{line}: YAML aliases (*{event.anchor}) are not supported; "
-                    "write the value out"
+                    f"{at}: YAML aliases (*{event.anchor}) are not supported; write the value out"
                 )
             if isinstance(event, yaml.NodeEvent) and event.anchor is not None and not anchor:
-                anchor = (event.anchor, line)  # refused at the end, or at its first alias
+                anchor = (event.anchor, at)  # refused at the end, or at its first alias
             if isinstance(event, yaml.NodeEvent):
                 nodes += 1
                 if nodes > MAX_YAML_NODES:
                     raise ConfigError(
-                        f"{source}:{line}: the document holds more than {MAX_YAML_NODES:,} "
+                        f"{at}: the document holds more than {MAX_YAML_NODES:,} "
                         "values; a study config needs far fewer"
                     )
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_YAML_DEPTH:
                     raise ConfigError(
-                        f"{source}:{line}: the document nests deeper than {MAX_YAML_DEPTH} levels"
+                        f"{at}: the document nests deeper than {MAX_YAML_DEPTH} levels"
                     )
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
@@ -140,7 +140,7 @@ def check_yaml(text: str, source: str) -> None:
         return  # the composer reports the syntax error with its line
     if anchor is not None:
         raise ConfigError(
-            f"{source}:{anchor[1]}: YAML anchors (&{anchor[0]}) are not supported; "
+            f"{anchor[1]}: YAML anchors (&{anchor[0]}) are not supported; "
             "write the value out where it is used"
         )
 
