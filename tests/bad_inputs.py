@@ -97,6 +97,17 @@ def _bomb(levels: int = 9) -> str:
 
 BOMB = _bomb()
 
+_NIGHTLY_TEXT = """\
+deployment: chat-prod
+traffic: {source: traces, dir: /nonexistent, format: mooncake}
+model: {name: meta-llama/Llama-3.1-8B-Instruct}
+hardware: A100-80GB
+slo: {p99_ttft_ms: 3000}
+output: /nonexistent/out.yaml
+budget: {n_trials: %s}
+"""
+NIGHTLY = ("nightly", "--config", "{config}", "--storage", "{db}")
+
 # Hostile input: what a user who tries to break autotune sends (aliases, special files,
 # numbers too large for their type, infinities, booleans for counts, empty strings, control
 # characters, ports out of range); each is refused in one line before anything is stored.
@@ -474,6 +485,22 @@ HOSTILE: list[Case] = [
         "serve --token-file /dev/zero",
         args=("serve", "--token-file", "/dev/zero", "--storage", "{db}"),
         line="--token-file: cannot read /dev/zero (it is not a regular file",
+    ),
+    Case(
+        "hostile-nightly-n-trials-bool",
+        "config field",
+        "a nightly config's budget.n_trials: true",
+        args=NIGHTLY,
+        text=_NIGHTLY_TEXT % "true",
+        line="study.yaml:7: budget.n_trials: Input should be a number, not the boolean true",
+    ),
+    Case(
+        "hostile-nightly-n-trials-huge",
+        "config field",
+        "a nightly config's budget.n_trials: 10**12",
+        args=NIGHTLY,
+        text=_NIGHTLY_TEXT % "1000000000000",
+        line="study.yaml:7: budget.n_trials: Input should be less than or equal to 100000",
     ),
     Case(
         "hostile-export-disk-full",

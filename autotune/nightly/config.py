@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from autotune.config import (
+    MAX_TIMEOUT_S,
+    MAX_TRIALS,
     ModelConfig,
     SearchConfig,
     SloConfig,
@@ -97,12 +99,14 @@ class DriftConfig(_Model):
 class BudgetConfig(_Model):
     """The dated study's reduced budget and the job's time window."""
 
-    n_trials: int = Field(8, ge=1)
-    trials_per_stage: int = Field(2, ge=1)
+    n_trials: int = Field(8, ge=1, le=MAX_TRIALS)
+    trials_per_stage: int = Field(2, ge=1, le=MAX_TRIALS)
     warm_top_k: int = Field(2, ge=0, description="the previous study's top configs enqueued")
     validate_top_k: int = Field(2, ge=1)
     repeats: int = Field(3, ge=2, description="validation repeats (an interval needs 2)")
-    timeout_s: float | None = Field(None, gt=0, description="the study's time limit")
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="the study's time limit"
+    )
 
 
 class NightlyConfig(_Model):
