@@ -29,11 +29,13 @@ from autotune.errors import ConfigError
 __all__ = [
     "INT64_MAX",
     "MAX_CONFIG_BYTES",
+    "MAX_ERROR_CHARS",
     "MAX_YAML_DEPTH",
     "MAX_YAML_NODES",
     "check_number",
     "check_yaml",
     "clean_url",
+    "clip",
     "read_regular_file",
     "special_file",
 ]
@@ -47,6 +49,15 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 100_000
 # Integers are stored in BIGINT columns and handed to numpy as int64.
 INT64_MAX = 2**63 - 1
+# The longest error line printed or answered: a 200 KB model name was echoed whole.
+MAX_ERROR_CHARS = 2000
+
+
+def clip(message: str) -> str:
+    """``message`` cut to :data:`MAX_ERROR_CHARS`, saying how long it was."""
+    if len(message) <= MAX_ERROR_CHARS:
+        return message
+    return f"{message[: MAX_ERROR_CHARS - 60]}... (cut; {len(message):,} characters in all)"
 
 
 def read_regular_file(path: Path, max_bytes: int, what: str) -> bytes:

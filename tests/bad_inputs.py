@@ -312,6 +312,20 @@ HOSTILE: list[Case] = [
         line="workload.input_sigma: Input should be less than or equal to 10",
     ),
     Case(
+        "hostile-model-name-20kb",
+        "size",
+        "a 20,000-character model name (longer than a file name may be)",
+        config={"model": {"name": "m" * 20_000}},
+        line="error: unknown model 'mmm",
+    ),
+    Case(
+        "hostile-hardware-20kb",
+        "size",
+        "a 20,000-character hardware name (the error line is cut)",
+        config={"hardware": "h" * 20_000},
+        line="... (cut; 20,",
+    ),
+    Case(
         "hostile-name-empty",
         "config field",
         "name: '' (an empty string)",

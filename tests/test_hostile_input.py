@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine
 
 from autotune import cli
 from autotune.errors import ConfigError, StorageError
-from autotune.inputs import MAX_YAML_NODES, check_yaml, read_regular_file
+from autotune.inputs import MAX_ERROR_CHARS, MAX_YAML_NODES, check_yaml, read_regular_file
 from autotune.service.app import Settings, make_app
 from autotune.service.limits import MAX_URL_BYTES
 from autotune.store import Store
@@ -277,3 +277,17 @@ def test_no_space_left_anywhere_is_one_line(
     code, err = run_main(["study", "list", "--json", "--storage", f"sqlite:///{db}"], capsys)
     assert code == 1
     assert err == "error: no space left on the device writing /out/list.json; free some space\n"
+
+
+async def test_an_echoed_huge_value_is_cut_over_http(
+    served: tuple[TestClient[Any, Any], Store],
+) -> None:
+    client, store = served
+    text = yaml.safe_dump(merged(BASE, {"model": {"name": "m" * 20_000}}))
+    resp = await client.post(
+        "/v1/studies?run=false", data=text, headers={"Content-Type": "application/yaml"}
+    )
+    message = (await resp.json())["error"]["message"]
+    assert resp.status == 400 and message.startswith("unknown model 'mmm")
+    assert len(message) <= MAX_ERROR_CHARS and message.endswith("characters in all)")
+    assert store.list_studies() == []

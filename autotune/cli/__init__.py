@@ -26,6 +26,7 @@ from autotune.cli import sim as _sim  # noqa: F401  (registers ``autotune sim ..
 from autotune.cli import study as _study  # noqa: F401  (registers ``autotune study/db``)
 from autotune.cli._app import app
 from autotune.errors import AutotuneError
+from autotune.inputs import clip
 
 __all__ = ["app", "main"]
 
@@ -34,8 +35,9 @@ __all__ = ["app", "main"]
 
 
 def _one_line(message: str) -> str:
-    # vLLM's pydantic errors span several lines; the CLI promises exactly one.
-    return " ".join(part.strip() for part in message.splitlines() if part.strip())
+    # vLLM's pydantic errors span several lines; the CLI promises exactly one, of bounded
+    # length (an echoed input may be huge)
+    return clip(" ".join(part.strip() for part in message.splitlines() if part.strip()))
 
 
 # typer >= 0.25 vendors Click (typer._click), older versions use Click itself: take the

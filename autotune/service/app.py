@@ -24,6 +24,7 @@ from aiohttp import web
 
 from autotune.config import parse_config
 from autotune.errors import AutotuneError, ConfigError, StorageError
+from autotune.inputs import clip
 from autotune.nightly.records import decisions
 from autotune.report.recommend import best_json, recommend
 from autotune.report.tables import list_json, show_rows
@@ -59,7 +60,8 @@ _SETTINGS = web.AppKey("settings", Settings)
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"status": status, "message": message}}, status=status)
+    body = {"error": {"status": status, "message": clip(message)}}
+    return web.json_response(body, status=status)
 
 
 @web.middleware

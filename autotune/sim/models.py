@@ -208,7 +208,11 @@ def get_model(name_or_path: str) -> ModelProfile:
     if m is not None:
         return m
     p = Path(name_or_path)
-    if p.exists():
+    try:
+        exists = p.exists()
+    except OSError:  # e.g. ENAMETOOLONG for a 200 KB "name": no such folder either
+        exists = False
+    if exists:
         return load_model_config(p)
     known = ", ".join(m.name for m in _BUILTIN)
     raise ProfileError(
