@@ -26,7 +26,14 @@ from pydantic import (
 )
 
 from autotune.errors import ConfigError
-from autotune.inputs import MAX_CONFIG_BYTES, check_number, check_yaml, clean_url, read_regular_file
+from autotune.inputs import (
+    MAX_CONFIG_BYTES,
+    check_number,
+    check_text,
+    check_yaml,
+    clean_url,
+    read_regular_file,
+)
 
 __all__ = [
     "CAPACITY_REPEATS",
@@ -78,9 +85,12 @@ class _Model(BaseModel):
     @classmethod
     def _strict_numbers(cls, v: Any, info: ValidationInfo) -> Any:
         # pydantic's lax mode reads `n_trials: true` as 1; autotune.inputs.check_number
-        # refuses booleans in numeric fields and integers beyond 64 bits
+        # refuses booleans in numeric fields and integers beyond 64 bits, check_text NULs
         if info.field_name is not None:
-            check_number(v, cls.model_fields[info.field_name].annotation)
+            annotation = cls.model_fields[info.field_name].annotation
+            check_number(v, annotation)
+            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+                check_text(v)  # a section checks its own fields, each named in the error
         return v
 
 
@@ -116,11 +126,9 @@ class WorkerConfig(_Model):
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name, value in v.items():
+        for name in v:  # a NUL in a value is refused for every field (_Model)
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
-            if "\0" in value:
-                raise ValueError(f"{name}: a value may not contain a NUL character")
         return v
 
     @field_validator("env_passthrough")

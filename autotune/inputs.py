@@ -33,6 +33,7 @@ __all__ = [
     "MAX_YAML_DEPTH",
     "MAX_YAML_NODES",
     "check_number",
+    "check_text",
     "check_yaml",
     "clean_url",
     "clip",
@@ -184,6 +185,21 @@ def check_number(value: Any, annotation: Any) -> None:
     if list in kinds and isinstance(value, list):
         for item in value:
             check_number(item, int if int in kinds else float)
+
+
+def check_text(value: Any) -> None:
+    """ValueError if a string in ``value`` (or in its lists and mappings) holds a NUL
+    character: YAML's "\\0" escape makes one, and paths and argv cannot carry it."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError("a value may not contain a NUL character (\\0)")
+    elif isinstance(value, list):
+        for item in value:
+            check_text(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key)
+            check_text(item)
 
 
 def _kinds(annotation: Any) -> set[Any]:

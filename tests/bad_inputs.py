@@ -326,6 +326,20 @@ HOSTILE: list[Case] = [
         line="... (cut; 20,",
     ),
     Case(
+        "hostile-nul-in-path",
+        "config field",
+        'model.config_json: "a\\0b" (a NUL made by a YAML escape)',
+        text=_BASE_TEXT.replace("}\n", ', config_json: "a\\0b"}\n'),
+        line="study.yaml:3: model.config_json: a value may not contain a NUL character",
+    ),
+    Case(
+        "hostile-nul-in-env",
+        "environment",
+        "a NUL inside a worker.env value",
+        config={"worker": {"env": {"OMP_NUM_THREADS": "4\x00"}}},
+        line="worker.env: a value may not contain a NUL character",
+    ),
+    Case(
         "hostile-name-empty",
         "config field",
         "name: '' (an empty string)",
