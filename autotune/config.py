@@ -264,7 +264,7 @@ class ValidateConfig(_Model):
     samples, compared by a paired t-interval at ``confidence``."""
 
     enabled: bool = True
-    # 2 x 5 rather than issue 13's first 3 x 3: three repeats' t-interval (2.48 standard
+    # 2 x 5 rather than the earlier 3 x 3: three repeats' t-interval (2.48 standard
     # deviations wide each side) said "keep" on real gains of +28 % and more in the
     # tuning-quality benchmark; five halve it (1.24), and the third candidate was rarely
     # chosen, so 15 runs instead of 12 (docs/tuning.md#7-validation)

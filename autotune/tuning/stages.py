@@ -57,8 +57,8 @@ __all__ = [
 
 SCREENING_ATTR = "autotune.max_model_len_screening"  # the study's user attribute
 
-# Peak KV usage below which memory is not what limits the baseline (issue 12's rule, from the
-# seed guide: KV usage near 100 % or preemptions mean memory pressure). Usage moves in whole
+# Peak KV usage below which memory is not what limits the baseline (the seed guide's rule,
+# docs/method.md: KV usage near 100 % or preemptions mean memory pressure). Usage moves in whole
 # blocks and the scheduler preempts before the last one is taken (KV_FULL in
 # telemetry/diagnosis.py is 95 %); 80 % leaves a margin for a peak between two samples.
 KV_NOT_BOTTLENECK = 0.80
