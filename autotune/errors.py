@@ -48,7 +48,7 @@ __all__ = [
 class AutotuneError(Exception):
     """Base of every error autotune raises on purpose."""
 
-    #: the CLI's exit status for this class (see the README's table)
+    #: the CLI's exit status for this class (docs/usage.md#3-errors-and-exit-codes)
     exit_code: int = 1
 
 

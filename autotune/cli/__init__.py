@@ -58,8 +58,8 @@ def _usage_line(exc: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry: run the app; an AutotuneError becomes one ``error: ...`` line
-    and the exit status of its class (README: exit codes); a usage error (unknown option,
-    bad or missing value) one ``error: ...`` line and exit 2."""
+    and the exit status of its class (docs/usage.md#3-errors-and-exit-codes); a usage error
+    (unknown option, bad or missing value) one ``error: ...`` line and exit 2."""
     args = list(argv) if argv is not None else sys.argv[1:]
     try:
         # Not standalone: Click raises usage errors here instead of printing a box; typer
