@@ -1,7 +1,7 @@
 """Checks ``study create`` runs before anything is launched or stored.
 
 - ``worker.static_args`` and ``search.extra`` against ``vllm serve``'s flags
-  (:mod:`autotune.workers.flags`): unknown flags, values vLLM would refuse, and flags autotune
+  (:mod:`autotune.profiles.flags`): unknown flags, values vLLM would refuse, and flags autotune
   sets itself each get one line naming the field. Problems that depend on the vLLM version
   are warnings when the worker's vLLM is another release than the shipped list's, or cannot
   be found.
@@ -24,10 +24,7 @@ from dataclasses import dataclass
 from autotune import sizing
 from autotune.config import SourceMap, StudyConfig, source_map
 from autotune.errors import ConfigError
-from autotune.redact import is_secret_name, mask_text, url_has_password
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model, load_model_config
-from autotune.workers.flags import (
+from autotune.profiles.flags import (
     FlagSpec,
     FlagTable,
     check_value,
@@ -36,6 +33,9 @@ from autotune.workers.flags import (
     same_release,
     vllm_version_of,
 )
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model, load_model_config
+from autotune.redact import is_secret_name, mask_text, url_has_password
 
 __all__ = [
     "Problem",

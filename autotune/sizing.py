@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
-from autotune.sim.hardware import HardwareProfile
-from autotune.sim.models import ModelProfile
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
 from autotune.tuning.plan import baseline_engine_args
 from autotune.tuning.runners import VirtualRunner
 from autotune.workload.build import build_workload, prepare_prompts

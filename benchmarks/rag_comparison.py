@@ -38,9 +38,9 @@ import optuna
 import yaml
 
 from autotune.config import StudyConfig, parse_config
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.report.recommend import Recommendation, format_interval, recommend
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.store import Store
 from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.interval import paired_interval

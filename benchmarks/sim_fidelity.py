@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autotune.profiles.hardware import HardwareProfile, get_hardware
+from autotune.profiles.models import ModelProfile, get_model
 from autotune.sim.costs import CostModel
-from autotune.sim.hardware import HardwareProfile, get_hardware
-from autotune.sim.models import ModelProfile, get_model
 
 TOL = 0.15
 CTX, PROMPT = 1024, 2048

@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.costs import CostModel
 from autotune.sim.engine import SimResult, simulate
-from autotune.sim.hardware import get_hardware
 from autotune.sim.lengths import lognormal_requests
-from autotune.sim.models import get_model
 from autotune.sim.request import SimRequest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

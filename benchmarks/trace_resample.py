@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from autotune.config import StudyConfig, parse_config
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.tuning.interval import paired_interval
 from autotune.tuning.runners import VirtualRunner
 from autotune.tuning.validate import measure_run

@@ -20,8 +20,8 @@ from typing import Any
 import optuna
 from truth import args_key, pct, scenario_config
 
+from autotune.profiles.models import get_model
 from autotune.report.recommend import recommend
-from autotune.sim.models import get_model
 from autotune.tuning.interval import summary_of
 from autotune.tuning.measure import GROUND_TRUTH, measure_config, study_protocol
 from autotune.workload.build import workload_sample

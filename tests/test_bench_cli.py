@@ -16,10 +16,10 @@ from helpers import free_port
 
 from autotune import cli
 from autotune.loadgen.tokens import clear_cache
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.sim.server import SimServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -13,10 +13,10 @@ from aiohttp.test_utils import TestServer
 
 from autotune.config import WorkloadConfig
 from autotune.loadgen.bench import format_result, parse_goodput, run_bench
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.sim.server import SimServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

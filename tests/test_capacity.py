@@ -21,8 +21,8 @@ from autotune.cli import app
 from autotune.errors import NotFoundError
 from autotune.failures import FailureMatch
 from autotune.loadgen.level import LevelMetrics
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.store import Store
 from autotune.tuning import controller
 from autotune.tuning.capacity import CapacitySearch, Lattice

@@ -28,8 +28,8 @@ from test_study import config
 from autotune.config import StudyConfig, parse_config
 from autotune.errors import ConfigError, WorkerStartupError
 from autotune.loadgen.level import LevelMetrics
+from autotune.profiles.hardware import get_hardware
 from autotune.report.recommend import recommend
-from autotune.sim.hardware import get_hardware
 from autotune.store import Store, TrialRecord
 from autotune.tuning.controller import _bounds_from_json, _model, create_study, run_study
 from autotune.tuning.plan import build_bounds

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.costs import DEFAULT_T_FIXED, DEFAULT_T_REQ, CostModel
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 
 LLAMA3_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA2_7B = "meta-llama/Llama-2-7b-hf"

@@ -22,9 +22,9 @@ from autotune.loadgen import run_load
 from autotune.loadgen.early_stop import StopRule, Tally, needed, stopped_summary
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.metrics import RequestRecord, summarize
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.engine import Engine, simulate
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.tuning.early_stop import SimWatch, rule_of
 from autotune.tuning.runners import (
     HttpRunner,

@@ -16,9 +16,9 @@ import pytest
 from test_study import config
 
 from autotune.loadgen.early_stop import StopRule, needed
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.engine import simulate
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.tuning.early_stop import SimWatch
 from autotune.tuning.runners import sim_engine_args
 from autotune.workload.build import build_workload, scale_rate

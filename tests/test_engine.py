@@ -10,12 +10,12 @@ import pytest
 
 from autotune.errors import SimStartupError
 from autotune.failures import FailureClass
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.clock import RealClock, VirtualClock
 from autotune.sim.engine import Engine, simulate
-from autotune.sim.hardware import get_hardware
 from autotune.sim.lengths import lognormal_requests
-from autotune.sim.models import get_model
 from autotune.sim.request import SimRequest
 
 LLAMA = get_model("meta-llama/Llama-3.1-8B-Instruct")

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from autotune.errors import SimStartupError
 from autotune.failures import FailureClass, classify_log
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import ModelProfile, get_model
 from autotune.sim.args import EngineArgs, ResolvedArgs
-from autotune.sim.hardware import get_hardware
 from autotune.sim.memory import (
     activation_bytes_per_token,
     cudagraph_memory_bytes,
@@ -27,7 +28,6 @@ from autotune.sim.memory import (
     plan_memory,
     validate_config,
 )
-from autotune.sim.models import ModelProfile, get_model
 
 GiB = 1024**3
 MiB = 1024**2

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autotune.errors import ProfileError
+from autotune.profiles.hardware import GiB, builtin_hardware, get_hardware
+from autotune.profiles.models import builtin_models, get_model, load_model_config
 from autotune.sim.args import EngineArgs
-from autotune.sim.hardware import GiB, builtin_hardware, get_hardware
-from autotune.sim.models import builtin_models, get_model, load_model_config
 
 KiB = 1024
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"

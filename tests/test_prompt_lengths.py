@@ -21,10 +21,10 @@ from autotune.loadgen import make_session, probe_server
 from autotune.loadgen.bench import run_bench
 from autotune.loadgen.metrics import length_warning, summarize
 from autotune.loadgen.tokens import clear_cache, prepare_for_server, server_tokens
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.sim.server import SimServer
 from autotune.workload.core import Workload, WorkloadRequest
 from autotune.workload.text import MIN_TOKEN_ID

@@ -28,11 +28,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from autotune.errors import SimStartupError
 from autotune.failures import FailureClass, classify_log
 from autotune.loadgen import make_session, send_request
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
 from autotune.sim.memory import plan_memory
-from autotune.sim.models import get_model
 from autotune.sim.server import SimServer
 from autotune.workers import parse_cache_config_info, parse_startup_facts
 from autotune.workload.core import WorkloadRequest

@@ -26,12 +26,12 @@ from helpers import free_port
 from test_study import config
 
 from autotune import cli
+from autotune.profiles.flags import flag_key, flag_table
 from autotune.report.dashboard import CONSTRAINTS_KEY, constraint_order
 from autotune.report.plots import PLOT_IDS
 from autotune.store import Store, TrialRecord
 from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.scoring import CONSTRAINT_NAMES
-from autotune.workers.flags import flag_key, flag_table
 
 NAME = "t"
 

@@ -13,10 +13,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.sim.server import SimServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -22,10 +22,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.loadgen import make_session, send_request
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.sim.server import SimServer
 from autotune.workload.core import WorkloadRequest
 

@@ -10,8 +10,8 @@ import yaml
 
 from autotune import cli, sizing
 from autotune.config import parse_config
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 
 CFG = {
     "name": "sized",

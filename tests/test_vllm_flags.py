@@ -15,8 +15,8 @@ import yaml
 from autotune import preflight
 from autotune.config import parse_config
 from autotune.errors import ConfigError
+from autotune.profiles.flags import check_value, flag_table, same_release, vllm_version_of
 from autotune.sim.serve import build_parser, normalize_argv
-from autotune.workers.flags import check_value, flag_table, same_release, vllm_version_of
 
 ROOT = Path(__file__).parents[1]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -33,7 +33,7 @@ BASE = textwrap.dedent(
 
 def test_the_list_ships_in_the_package_and_covers_vllm_032() -> None:
     data = json.loads(
-        resources.files("autotune.workers").joinpath("vllm_flags.json").read_text("utf-8")
+        resources.files("autotune.profiles").joinpath("vllm_flags.json").read_text("utf-8")
     )
     assert data["vllm_version"].startswith("0.32")
     assert len(data["flags"]) >= 300  # vLLM 0.32 has about 320 serve flags
@@ -45,7 +45,7 @@ def test_the_list_ships_in_the_package_and_covers_vllm_032() -> None:
     assert table.lookup("-tp") is None  # short aliases are not static_args spellings
     assert table.lookup("tensor_parallel_size") is table.lookup("tensor-parallel-size")
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert '"autotune.workers" = ["vllm_flags.json"]' in pyproject
+    assert '"autotune.profiles" = ["vllm_flags.json"]' in pyproject
 
 
 @pytest.mark.parametrize(

@@ -21,10 +21,10 @@ from aiohttp.test_utils import TestServer
 from helpers import free_port
 
 from autotune.loadgen import run_load
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import get_model
 from autotune.sim.server import SimServer
 from autotune.store import Store
 from autotune.tuning.controller import create_study

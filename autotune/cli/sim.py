@@ -14,9 +14,9 @@ from autotune.cli._app import console as _console
 from autotune.cli._app import print_json as _print_json
 from autotune.cli._app import sim_app
 from autotune.errors import SimStartupError
+from autotune.profiles.hardware import GiB, HardwareProfile, builtin_hardware, get_hardware
+from autotune.profiles.models import ModelProfile, builtin_models, get_model
 from autotune.sim.args import EngineArgs
-from autotune.sim.hardware import GiB, HardwareProfile, builtin_hardware, get_hardware
-from autotune.sim.models import ModelProfile, builtin_models, get_model
 
 if TYPE_CHECKING:
     from autotune.sim.engine import SimResult

@@ -26,7 +26,7 @@ from autotune.nightly.output import serve_command, write_output
 from autotune.nightly.records import DecisionRecord, add_decision, decisions
 from autotune.nightly.refresh import Refresh, refresh
 from autotune.nightly.warmstart import create_warm_study, today_bounds
-from autotune.sim.models import get_model, load_model_config
+from autotune.profiles.models import get_model, load_model_config
 from autotune.store import Store
 from autotune.tuning.controller import load_study_config, run_study
 from autotune.tuning.interval import summary_of

@@ -20,8 +20,8 @@ import yaml
 
 from autotune.config import StudyConfig
 from autotune.errors import StorageError
+from autotune.profiles.hardware import get_hardware
 from autotune.report.dashboard import enqueue_attrs
-from autotune.sim.hardware import get_hardware
 from autotune.store import Store, StudyRecord
 from autotune.tuning.controller import (
     _BOUNDS_ATTR,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from autotune.sim.hardware import HardwareProfile
-from autotune.sim.models import ModelProfile
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
 
 __all__ = ["EngineArgs", "ResolvedArgs"]
 

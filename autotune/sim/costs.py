@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from autotune.sim.hardware import HardwareProfile
-from autotune.sim.models import ModelProfile
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
 
 __all__ = ["DEFAULT_EPS_ELEM", "DEFAULT_T_FIXED", "DEFAULT_T_REQ", "CostModel"]
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs, ResolvedArgs
 from autotune.sim.costs import CostModel
-from autotune.sim.hardware import HardwareProfile
 from autotune.sim.kvcache import block_hashes
 from autotune.sim.memory import MemoryPlan, plan_memory
-from autotune.sim.models import ModelProfile
 from autotune.sim.request import REJECTED, Req, RequestTiming, SimRequest
 from autotune.sim.scheduler import Scheduler, StepStats
 

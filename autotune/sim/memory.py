@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from autotune.errors import SimStartupError
 from autotune.failures import FailureClass
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
 from autotune.sim.args import ResolvedArgs
-from autotune.sim.hardware import HardwareProfile
-from autotune.sim.models import ModelProfile
 
 __all__ = [
     "MemoryPlan",

@@ -1,7 +1,7 @@
 """``autotune sim serve``: the simulated engine behind vLLM's command line and HTTP API.
 
 Flags are spelled and defaulted as ``vllm serve`` 0.32 spells them. Every other flag of vLLM
-0.32 (the shipped list, :mod:`autotune.workers.flags`) is accepted, its value checked as vLLM
+0.32 (the shipped list, :mod:`autotune.profiles.flags`) is accepted, its value checked as vLLM
 checks it, and logged as ignored; a flag vLLM does not have, or a value it refuses, is an
 argparse error (exit 2), as in vLLM. Startup prints vLLM's log lines
 and fails with vLLM's texts and exit code 1; the port is bound only once the engine is
@@ -28,13 +28,13 @@ from typing import IO, Any, NoReturn
 from aiohttp import web
 
 from autotune.errors import AutotuneError, SimStartupError
+from autotune.profiles.flags import FlagSpec, check_value, flag_table
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.hardware import get_hardware
 from autotune.sim.memory import validate_config
-from autotune.sim.models import get_model
 from autotune.sim.server import VLLM_VERSION, SimServer
-from autotune.workers.flags import FlagSpec, check_value, flag_table
 
 VLLM_FLAGS_VERSION = flag_table().vllm_version
 
@@ -43,7 +43,7 @@ __all__ = ["build_parser", "main", "normalize_argv", "run"]
 log = logging.getLogger("autotune.sim.serve")
 
 # The vLLM flags the simulation models, with the simulator's defaults; every other flag of
-# vLLM 0.32 (autotune/workers/vllm_flags.json) is accepted, checked as vLLM checks it, and
+# vLLM 0.32 (autotune/profiles/vllm_flags.json) is accepted, checked as vLLM checks it, and
 # ignored. A flag vLLM does not have is an argparse error (exit 2), as in vLLM.
 _MODELED: dict[str, Any] = {
     "max_model_len": None,

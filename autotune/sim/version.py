@@ -16,10 +16,10 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
+from autotune.profiles.hardware import builtin_hardware
+from autotune.profiles.models import builtin_models
 from autotune.sim import costs, memory
 from autotune.sim.args import EngineArgs
-from autotune.sim.hardware import builtin_hardware
-from autotune.sim.models import builtin_models
 
 __all__ = ["ENGINE_MODEL_VERSION", "engine_constants", "engine_fingerprint"]
 

@@ -23,14 +23,14 @@ from optuna.trial import TrialState
 
 from autotune.config import StudyConfig, parse_config
 from autotune.errors import ConfigError, NotFoundError, SimStartupError, StorageError
+from autotune.profiles.hardware import HardwareProfile, get_hardware
+from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.report.dashboard import (
     enqueue_attrs,
     record_trial,
     record_trial_start,
     refresh_after_run,
 )
-from autotune.sim.hardware import HardwareProfile, get_hardware
-from autotune.sim.models import ModelProfile, get_model, load_model_config
 from autotune.store import Store, StudyRecord
 from autotune.tuning.claims import Claimed, Done
 from autotune.tuning.lanes import LanePlan, RunBudget, lane_events, plan_lanes, run_lanes

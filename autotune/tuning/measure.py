@@ -17,8 +17,8 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
-from autotune.sim.hardware import get_hardware
-from autotune.sim.models import ModelProfile, get_model, load_model_config
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.tuning.capacity import CapacityResult, Lattice
 from autotune.tuning.early_stop import rule_of
 from autotune.tuning.runners import VirtualRunner, capacity_search

@@ -10,10 +10,10 @@ from typing import Any
 
 from autotune.config import RangeSpec, StudyConfig
 from autotune.errors import ConfigError, SimStartupError
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import simulate
-from autotune.sim.hardware import HardwareProfile
-from autotune.sim.models import ModelProfile
 from autotune.tuning.space import SpaceBounds, max_model_len_candidates
 from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload

@@ -25,7 +25,7 @@ import yaml
 
 from autotune.config import WorkloadConfig, parse_config
 from autotune.loadgen.bench import run_bench
-from autotune.sim.models import get_model
+from autotune.profiles.models import get_model
 from autotune.store import Store
 from autotune.tuning.controller import create_study
 from autotune.tuning.runners import HttpRunner

@@ -79,7 +79,7 @@ def flag_key(name: str) -> str:
 
 @lru_cache(maxsize=1)
 def flag_table() -> FlagTable:
-    text = resources.files("autotune.workers").joinpath("vllm_flags.json").read_text("utf-8")
+    text = resources.files("autotune.profiles").joinpath("vllm_flags.json").read_text("utf-8")
     data = json.loads(text)
     by_option: dict[str, FlagSpec] = {}
     for dest, f in data["flags"].items():
