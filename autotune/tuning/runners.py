@@ -14,7 +14,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,16 +30,17 @@ from autotune.loadgen.metrics import RequestRecord, summarize
 from autotune.loadgen.probe import probe_server
 from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
-from autotune.profiles.hardware import HardwareProfile
-from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import SimResult, simulate
+from autotune.sim.hardware import HardwareProfile
 from autotune.sim.memory import plan_memory
+from autotune.sim.models import ModelProfile
 from autotune.sim.request import SimRequest
 from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, publish_sd_target
 from autotune.telemetry.summary import LevelTelemetry, from_scrape, from_sim_timeline
 from autotune.tuning.capacity import CapacityResult, CapacitySearch, Lattice
 from autotune.tuning.early_stop import WARMUP_PREFIX, SimWatch, rule_of
+from autotune.tuning.outcome import LevelDeath, LevelOutcome
 from autotune.tuning.plan import build_bounds
 from autotune.tuning.scoring import LevelScore, Slo, score_level
 from autotune.workers.guard import GroupRegistry
@@ -84,20 +85,6 @@ _SIM_ARG_FIELDS = {
 
 
 _LOG_SETTLE_S = 0.5
-# what a level's metrics keep of a worker death (the log context goes to the trial)
-_DEATH_KEYS = (
-    "cause",
-    "message",
-    "pid",
-    "process",
-    "returncode",
-    "signal",
-    "failure_class",
-    "log_line",
-    "detected_at_s",
-    "detected_wall",
-    "stopped_at_s",
-)
 
 
 @dataclass
@@ -107,14 +94,6 @@ class StartInfo:
     startup_s: float
     kv_cache_tokens: int | None
     max_concurrency: float | None
-
-
-@dataclass
-class LevelOutcome:
-    scale: float
-    offered_rate: float | None
-    metrics: LevelMetrics
-    extra: dict[str, Any] = field(default_factory=dict)  # telemetry and diagnosis
 
 
 class Runner(Protocol):
@@ -154,9 +133,8 @@ def _with_diagnosis(
     """Attach the level's telemetry and the seed guide's bottleneck diagnosis
     (docs/method.md#3-reading-the-bottleneck)."""
     if tel is not None:
-        d = diagnose(tel, max_num_seqs=mns, max_num_batched_tokens=mnbt)
-        out.extra["telemetry"] = tel.to_dict()
-        out.extra["diagnosis"] = d.to_dict()
+        out.telemetry = tel
+        out.diagnosis = diagnose(tel, max_num_seqs=mns, max_num_batched_tokens=mnbt)
         if "preemptions" in tel.counters:  # the server's counter delta over the level
             out.metrics = out.metrics.with_preemptions(tel.counters["preemptions"])
     return out
@@ -505,19 +483,24 @@ class HttpRunner:
     def _flag_partial(self, out: LevelOutcome, res: LoadResult, planned: int) -> None:
         """Mark a level the worker's death cut short, with what is known of the death."""
         sent = [r.sent_at for r in res.records if not r.warmup and r.sent_at is not None]
-        report = self.worker.death_report() or {}
-        detected = report.get("detected_at")
-        if isinstance(detected, float):  # perf_counter -> the records' engine seconds
-            report["detected_at_s"] = (detected - res.origin) * res.time_scale
-        report["stopped_at_s"] = res.stopped_at
-        out.extra["worker_death"] = report
+        report = self.worker.death_report()
+        death = LevelDeath(
+            report,
+            # perf_counter -> the records' engine seconds
+            (report.death.detected_at - res.origin) * res.time_scale if report else None,
+            res.stopped_at,
+            planned,
+            len(sent),
+            max(sent, default=None),
+        )
+        out.death = death
         summary = {
             **out.metrics.summary,
             "partial": True,
-            "planned_requests": planned,
-            "sent_requests": len(sent),
-            "last_sent_at_s": max(sent, default=None),  # engine s, as detected_at_s
-            "worker_death": {k: report.get(k) for k in _DEATH_KEYS},
+            "planned_requests": death.planned_requests,
+            "sent_requests": death.sent_requests,
+            "last_sent_at_s": death.last_sent_at_s,
+            "worker_death": death.stored(),
         }
         out.metrics = dataclasses.replace(out.metrics, partial=True, summary=summary)
 

@@ -17,9 +17,10 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureClass
-from autotune.store import LevelRecord, Store, TrialRecord
+from autotune.store import Store, TrialRecord
 from autotune.tuning.capacity import CapacitySearch, Lattice
-from autotune.tuning.runners import LevelOutcome, Runner, only_overlength
+from autotune.tuning.outcome import level_record
+from autotune.tuning.runners import Runner, only_overlength
 from autotune.tuning.scoring import (
     CONSTRAINT_NAMES,
     LevelScore,
@@ -72,35 +73,6 @@ class TrialOutcome:
 def lattice_of(cfg: StudyConfig) -> Lattice:
     st = cfg.strategy
     return Lattice(st.capacity_low, st.capacity_high, st.capacity_resolution)
-
-
-def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
-    """The stored form of one level: the typed metrics' fields as columns, the violations in
-    words, the full summary as JSON."""
-    m = out.metrics
-    return LevelRecord(
-        level_index=i,
-        scale=out.scale,
-        offered_rate=out.offered_rate,
-        achieved_rate=m.request_throughput,
-        completed=m.completed,
-        failed=m.failed,
-        over_length=m.over_length,
-        truncated=m.truncated,
-        error_rate=m.error_rate,
-        overlength_rate=m.overlength_rate,
-        p99_ttft_ms=m.p99_ttft_ms,
-        p99_tpot_ms=m.p99_tpot_ms,
-        p99_itl_ms=m.p99_itl_ms,
-        output_throughput=m.output_throughput,
-        request_throughput=m.request_throughput,
-        goodput=m.goodput,
-        feasible=ls.feasible,
-        violations=[v.to_dict() for v in ls.broken],
-        metrics=m.to_dict(),
-        telemetry=out.extra.get("telemetry"),
-        diagnosis=out.extra.get("diagnosis"),
-    )
 
 
 async def _replay(
@@ -162,10 +134,9 @@ async def _replay(
             lvl.feasible = False
             lvl.id = store.add_level(rec.id, lvl)
             rec.levels.append(lvl)
-            death = out.extra.get("worker_death") or {}
             what = "hung" if failure == FailureClass.HUNG else "died"
             head = f"worker {what}: {dead.line}"[:2000]
-            context = str(death.get("log_context") or "")
+            context = out.death.log_context if out.death is not None else ""
             tail = f"{head}\n{context[-(7999 - len(head)) :]}"
             store.update_trial(rec.id, failure_class=failure, log_tail=tail)
             rec.log_tail = tail

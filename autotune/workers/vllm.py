@@ -41,7 +41,7 @@ from autotune.workers.logs import (
 )
 from autotune.workers.stall import proc_state
 from autotune.workers.supervisor import ProcessSupervisor, WorkerLaunchError
-from autotune.workers.watch import DeathWatch, WorkerDeath, describe_status
+from autotune.workers.watch import DeathReport, DeathWatch, WorkerDeath, describe_status
 
 __all__ = [
     "StartupFacts",
@@ -286,7 +286,7 @@ class VllmWorker:
         cause = match.line if match is not None else last_error_line(lines, any_line=False)
         return FailureMatch(cls, f"{death.message}; {cause}" if cause else death.message)
 
-    def death_report(self) -> dict[str, Any] | None:
+    def death_report(self) -> DeathReport | None:
         """What to store about a death: the watch's facts (cause, process, exit code or
         signal), the failure class and classified line, and the log around it."""
         death, match = self.death(), self.failure()
@@ -294,14 +294,12 @@ class VllmWorker:
             return None
         lines = self.log_lines()
         found = classify_log(lines)
-        return {
-            **death.to_dict(),
-            "failure_class": str(match.failure_class),
-            "log_line": (
-                found.line if found is not None else last_error_line(lines, any_line=False)
-            ),
-            "log_context": log_tail(lines, 40, cause=found.line if found is not None else None),
-        }
+        return DeathReport(
+            death=death,
+            failure_class=str(match.failure_class),
+            log_line=found.line if found is not None else last_error_line(lines, any_line=False),
+            log_context=log_tail(lines, 40, cause=found.line if found is not None else None),
+        )
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> WorkerInfo:
         """Launch, wait for ``/health``, smoke-test, read KV capacity.

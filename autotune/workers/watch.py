@@ -34,7 +34,14 @@ import aiohttp
 
 from autotune.workers.stall import STALL_S, StallWatch
 
-__all__ = ["DeathWatch", "ProcInfo", "WorkerDeath", "describe_status", "snapshot_group"]
+__all__ = [
+    "DeathReport",
+    "DeathWatch",
+    "ProcInfo",
+    "WorkerDeath",
+    "describe_status",
+    "snapshot_group",
+]
 
 Cause = Literal["leader_exit", "process_exit", "health", "engine_dead_log", "hung"]
 
@@ -67,6 +74,17 @@ class WorkerDeath:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class DeathReport:
+    """What is stored about a death: the watch's facts, the failure class the worker's log
+    gave it, the log's classified (or last error) line and the log around it."""
+
+    death: WorkerDeath
+    failure_class: str
+    log_line: str | None
+    log_context: str
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -1,0 +1,102 @@
+"""One replayed load level as the runners hand it to the trial, and its stored form.
+
+A runner returns a :class:`LevelOutcome`: the level's typed metrics, the server's telemetry
+and the bottleneck read from it (docs/method.md#3-reading-the-bottleneck), and, when the
+worker died under load, a :class:`LevelDeath` (docs/vllm.md#9-worker-death). This module is
+the one place that turns them into the stored :class:`~autotune.store.LevelRecord`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.loadgen.level import LevelMetrics
+from autotune.store import LevelRecord
+from autotune.telemetry.diagnosis import Diagnosis
+from autotune.telemetry.summary import LevelTelemetry
+from autotune.tuning.scoring import LevelScore
+from autotune.workers.watch import DeathReport
+
+__all__ = ["LevelDeath", "LevelOutcome", "level_record"]
+
+
+@dataclass(frozen=True)
+class LevelDeath:
+    """A level the worker's death cut short: what is known of the death (None when the
+    worker could not say) and how far the level got. Times are the records' engine seconds
+    from the replay's start; ``last_sent_at_s`` None when nothing measured was sent."""
+
+    report: DeathReport | None
+    detected_at_s: float | None
+    stopped_at_s: float | None
+    planned_requests: int
+    sent_requests: int
+    last_sent_at_s: float | None
+
+    @property
+    def log_context(self) -> str:
+        return self.report.log_context if self.report is not None else ""
+
+    def stored(self) -> dict[str, Any]:
+        """What a level's stored metrics keep of the death (the log context goes to the
+        trial's log tail)."""
+        r = self.report
+        d = r.death if r is not None else None
+        return {
+            "cause": d.cause if d is not None else None,
+            "message": d.message if d is not None else None,
+            "pid": d.pid if d is not None else None,
+            "process": d.process if d is not None else None,
+            "returncode": d.returncode if d is not None else None,
+            "signal": d.signal if d is not None else None,
+            "failure_class": r.failure_class if r is not None else None,
+            "log_line": r.log_line if r is not None else None,
+            "detected_at_s": self.detected_at_s,
+            "detected_wall": d.detected_wall if d is not None else None,
+            "stopped_at_s": self.stopped_at_s,
+        }
+
+
+@dataclass
+class LevelOutcome:
+    """One level a runner replayed: its load (``scale`` times the workload's rate, the
+    offered requests per second when the workload has arrival times), its metrics, the
+    server's telemetry and the diagnosis read from it (None when none was scraped), and the
+    worker's death when it died during the level."""
+
+    scale: float
+    offered_rate: float | None
+    metrics: LevelMetrics
+    telemetry: LevelTelemetry | None = None
+    diagnosis: Diagnosis | None = None
+    death: LevelDeath | None = None
+
+
+def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
+    """The stored form of one level: the typed metrics' fields as columns, the violations in
+    words, the full summary as JSON."""
+    m = out.metrics
+    return LevelRecord(
+        level_index=i,
+        scale=out.scale,
+        offered_rate=out.offered_rate,
+        achieved_rate=m.request_throughput,
+        completed=m.completed,
+        failed=m.failed,
+        over_length=m.over_length,
+        truncated=m.truncated,
+        error_rate=m.error_rate,
+        overlength_rate=m.overlength_rate,
+        p99_ttft_ms=m.p99_ttft_ms,
+        p99_tpot_ms=m.p99_tpot_ms,
+        p99_itl_ms=m.p99_itl_ms,
+        output_throughput=m.output_throughput,
+        request_throughput=m.request_throughput,
+        goodput=m.goodput,
+        feasible=ls.feasible,
+        violations=[v.to_dict() for v in ls.broken],
+        metrics=m.to_dict(),
+        telemetry=out.telemetry.to_dict() if out.telemetry is not None else None,
+        diagnosis=out.diagnosis.to_dict() if out.diagnosis is not None else None,
+    )
