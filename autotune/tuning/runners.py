@@ -30,11 +30,11 @@ from autotune.loadgen.metrics import RequestRecord, summarize
 from autotune.loadgen.probe import probe_server
 from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import SimResult, simulate
-from autotune.sim.hardware import HardwareProfile
 from autotune.sim.memory import plan_memory
-from autotune.sim.models import ModelProfile
 from autotune.sim.request import SimRequest
 from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, publish_sd_target
 from autotune.telemetry.summary import LevelTelemetry, from_scrape, from_sim_timeline
