@@ -1,4 +1,5 @@
-"""Exit codes per error class, through the console-script entry point (README: exit codes).
+"""Exit codes per error class, through the console-script entry point
+(docs/usage.md#3-errors-and-exit-codes).
 
 Each case provokes the class the way a user would, except where no command can reach it
 without a service (WorkerStartupError's own class: a fake command raises it).
@@ -20,7 +21,7 @@ from autotune.store.migrate import VERSION_TABLE
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
-# The README's table, in code: one place the tests read it from.
+# docs/usage.md's table, in code: one place the tests read it from.
 EXPECTED = {
     errors.AutotuneError: 1,
     errors.ConfigError: 1,
@@ -55,8 +56,8 @@ def test_every_class_has_its_documented_code() -> None:
         assert cls.exit_code == code, cls.__name__
 
 
-def test_readme_documents_the_codes() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+def test_usage_doc_documents_the_codes() -> None:
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text(encoding="utf-8")
     for code, meaning in [
         (0, "ok"),
         (1, "error"),
@@ -68,7 +69,7 @@ def test_readme_documents_the_codes() -> None:
         (130, "interrupted"),
     ]:
         assert any(
-            line.startswith(f"| {code} |") and meaning in line for line in readme.splitlines()
+            line.startswith(f"| {code} |") and meaning in line for line in usage.splitlines()
         ), (code, meaning)
 
 
