@@ -30,7 +30,8 @@ import yaml
 from autotune.config import StudyConfig, parse_config
 from autotune.sim.version import ENGINE_MODEL_VERSION, engine_fingerprint
 from autotune.store import Store
-from autotune.tuning.controller import _bounds_from_json, create_study
+from autotune.tuning.attrs import read_header
+from autotune.tuning.controller import create_study
 from autotune.tuning.measure import GROUND_TRUTH, Measurement, measure_config
 from autotune.tuning.space import SpaceBounds, mnbt_range
 from autotune.workload.build import build_workload
@@ -155,8 +156,8 @@ def study_bounds(name: str) -> tuple[SpaceBounds, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/b.db") as store:
         create_study(cfg, text, store)
         study = optuna.load_study(study_name=name, storage=store.optuna_storage())
-        attrs = dict(study.user_attrs)
-    return _bounds_from_json(str(attrs["autotune.bounds"])), dict(attrs["autotune.baseline"])
+        header = read_header(study)
+    return header.bounds, dict(header.baseline)
 
 
 class TruthCache:

@@ -8,12 +8,12 @@ import dataclasses
 
 import optuna
 
-from autotune.report.dashboard import engine_attrs, enqueue_attrs, enqueued_engine_args
 from autotune.report.recommend import Recommendation, gain_text
 from autotune.report.summary import pareto_front
 from autotune.report.tables import short_stage
 from autotune.store import TrialRecord
 from autotune.telemetry.stats import SERIES_BINS, downsample
+from autotune.tuning.attrs import engine_attrs, enqueue_attrs, enqueued_engine_args
 from autotune.tuning.interval import CandidateSummary, Interval, ValidationSummary
 from autotune.tuning.rounding import TidySteps
 

@@ -14,6 +14,7 @@ import typer
 from autotune.cli._app import app, console
 from autotune.cli.study import StorageOpt, need_study, study_store
 from autotune.errors import ConfigError, MissingExtraError
+from autotune.tuning.attrs import study_id
 from autotune.tuning.controller import load_study_config
 
 __all__ = ["dashboard", "report"]
@@ -129,7 +130,7 @@ def dashboard(
                 f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})"
             ) from exc
         where = store.url.split("@")[-1]
-        url = f"http://{host}:{port}/dashboard/studies/{study._study_id}"
+        url = f"http://{host}:{port}/dashboard/studies/{study_id(study)}"
         console().print(f"optuna-dashboard on {where}: study {name!r} at {url} (Ctrl-C stops it)")
         sys.stdout.flush()
         try:

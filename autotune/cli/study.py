@@ -20,6 +20,7 @@ from autotune.cli._app import app, console, print_json
 from autotune.config import MAX_TIMEOUT_S, MAX_TRIALS, parse_config, read_config_text, source_map
 from autotune.errors import ConfigError, NotFoundError, StorageError
 from autotune.inputs import MAX_CONFIG_BYTES
+from autotune.report import dashboard
 from autotune.report.levels import progress_figures, stop_note
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import (
@@ -356,6 +357,7 @@ def _run(
             reset_running=reset_running,
             gpus=gpus,
             gpus_per_trial=gpus_per_trial,
+            hooks=dashboard.HOOKS,  # optuna-dashboard's notes and plots
         )
     except Interrupted as exc:  # SIGTERM/SIGHUP: stopped as Ctrl-C stops a run
         what = "every running trial was" if gpus is not None else "the running trial was"

@@ -27,6 +27,7 @@ from autotune.nightly.records import DecisionRecord, add_decision, decisions
 from autotune.nightly.refresh import Refresh, refresh
 from autotune.nightly.warmstart import create_warm_study, today_bounds
 from autotune.profiles.models import get_model, load_model_config
+from autotune.report import dashboard
 from autotune.store import Store
 from autotune.tuning.controller import load_study_config, run_study
 from autotune.tuning.interval import summary_of
@@ -215,7 +216,7 @@ def _run(
         base.projection = [p.to_dict() for p in projections]
     rec = store.get_study(name)
     assert rec is not None
-    run_study(name, store, timeout=cfg.budget.timeout_s, on_event=on_event)
+    run_study(name, store, timeout=cfg.budget.timeout_s, on_event=on_event, hooks=dashboard.HOOKS)
     stored = load_study_config(rec)
     trials = store.trials(name)
     summary = summary_of(stored, store.repeats(name), trials)

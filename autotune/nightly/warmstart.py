@@ -15,21 +15,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import optuna
 import yaml
 
 from autotune.config import StudyConfig
 from autotune.errors import StorageError
 from autotune.profiles.hardware import get_hardware
-from autotune.report.dashboard import enqueue_attrs
 from autotune.store import Store, StudyRecord
-from autotune.tuning.controller import (
-    _BOUNDS_ATTR,
-    _baseline_capacity,
-    _bounds_to_json,
-    _model,
-    _sample_params,
-)
+from autotune.tuning.attrs import StudyHeader, open_study
+from autotune.tuning.controller import baseline_capacity, model_of
 from autotune.tuning.plan import baseline_engine_args, build_bounds, estimate_peak_concurrency
 from autotune.tuning.space import SpaceBounds, mnbt_range
 from autotune.workload.build import study_workload
@@ -104,7 +97,7 @@ def widen_for(b: SpaceBounds, engine_args: Mapping[str, Any]) -> SpaceBounds:
 def today_bounds(cfg: StudyConfig) -> tuple[SpaceBounds, dict[str, Any]]:
     """Today's space before any peak-concurrency sizing (its ``max_model_len`` candidates),
     and vLLM's defaults at the largest candidate."""
-    model, hw = _model(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), get_hardware(cfg.hardware)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     b = build_bounds(cfg, model, wl.profile(), 0)
     return b, baseline_engine_args(model, hw, max(b.max_model_len_candidates))
@@ -126,10 +119,10 @@ def create_warm_study(
     """Store the dated study: the incumbent as its baseline, then ``warm`` (label, engine
     args) projected into today's space (``max_model_len`` at least ``fits``, the smallest
     candidate today's traffic fits in); returns the record and the projections."""
-    model, hw = _model(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), get_hardware(cfg.hardware)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     prof = wl.profile()
-    scale = asyncio.run(_baseline_capacity(cfg, model, hw, wl, incumbent))
+    scale = asyncio.run(baseline_capacity(cfg, model, hw, wl, incumbent))
     probe = build_bounds(cfg, model, prof, 0)
     peak = cfg.workload.peak_concurrency or estimate_peak_concurrency(
         model, hw, wl, max(probe.max_model_len_candidates), scale
@@ -146,18 +139,13 @@ def create_warm_study(
     cfg = cfg.model_copy(update={"enqueue": [dict(a) for _, a in configs[1:]]})
     if store.get_study(cfg.name) is not None:
         raise StorageError(f"study {cfg.name!r} already exists")
-    study = optuna.create_study(
-        study_name=cfg.name,
-        storage=store.optuna_storage(),
-        direction="maximize",
-        load_if_exists=True,
+    header = StudyHeader(
+        bounds,
+        dict(incumbent),
+        prof.fingerprint,
+        nightly_projection=[p.to_dict() for p in projections],
     )
-    study.set_user_attr(_BOUNDS_ATTR, _bounds_to_json(bounds))
-    study.set_user_attr("autotune.baseline", dict(incumbent))
-    study.set_user_attr("autotune.workload_fingerprint", prof.fingerprint)
-    study.set_user_attr("autotune.nightly_projection", [p.to_dict() for p in projections])
-    for label, args in configs:
-        study.enqueue_trial(_sample_params(bounds, args), user_attrs=enqueue_attrs(label, args))
+    open_study(store.optuna_storage(), cfg.name, header, configs)
     rec = StudyRecord(
         name=cfg.name,
         config_yaml=study_yaml(cfg),

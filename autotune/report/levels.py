@@ -7,13 +7,13 @@ rate only once it is certain to break its limit."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from autotune.loadgen.level import LevelMetrics
-from autotune.loadgen.stopped import LATENCIES, RATES, THROUGHPUTS, StopInfo, Stopped
+from autotune.loadgen.stopped import Stopped
 from autotune.loadgen.stopped import stopped_figures as _figures
 from autotune.store import LevelRecord
+from autotune.tuning.findings import record_stopped, stop_note
 
 __all__ = [
     "export_level",
@@ -23,27 +23,6 @@ __all__ = [
     "stop_note",
     "stop_row",
 ]
-
-_FIGURES = (*LATENCIES, *THROUGHPUTS, *RATES)
-
-
-def record_stopped(lv: LevelRecord | None) -> Stopped | None:
-    """A stored level's figures as shown, None unless it stopped early. The rates certain to
-    break their limits are the ones its violations give as lower bounds (scored so)."""
-    if lv is None:
-        return None
-    certain = {
-        str(v["name"]): float(v["value"])
-        for v in lv.violations
-        if v.get("bound") and v.get("name") in RATES and v.get("value") is not None
-    }
-    return _figures(lv.metrics, {k: getattr(lv, k) for k in _FIGURES}, certain)
-
-
-def stop_note(summary: Mapping[str, Any] | None) -> str:
-    """`` (stopped early on p99 TTFT at request 103 of 400)`` for a stopped level, else ""."""
-    stop = StopInfo.of(summary)
-    return f" ({stop.text})" if stop is not None else ""
 
 
 def progress_figures(m: LevelMetrics) -> str:

@@ -22,8 +22,9 @@ import yaml
 
 from autotune.config import StudyConfig
 from autotune.redact import mask_argv, mask_command, mask_text
-from autotune.report.levels import export_level, record_stopped, stop_note
+from autotune.report.levels import export_level
 from autotune.store import RepeatRecord, StudyRecord, TrialRecord
+from autotune.tuning.findings import capacity_rps, record_stopped, why_infeasible
 from autotune.tuning.interval import Interval, ValidationSummary, summary_of
 from autotune.tuning.scoring import Slo, record_rank
 from autotune.tuning.verdict import Held, held_text
@@ -136,47 +137,12 @@ def gain_text(rec: Recommendation) -> str:
     return f"{gain:+.1f} % (not validated)"
 
 
-def capacity_rps(t: TrialRecord) -> float | None:
-    """The request rate offered at the trial's capacity (its headline feasible level)."""
-    if not t.feasible:
-        return None
-    lv = t.headline_level()
-    return lv.offered_rate if lv is not None else None
-
-
 def replicas_needed(capacity_scale: float | None) -> int | None:
     """Replicas of a config that serve the whole workload when one serves ``capacity_scale``
     times its rate (None when unknown)."""
     if capacity_scale is None or capacity_scale <= 0:
         return None
     return max(1, math.ceil(1.0 / capacity_scale - 1e-9))
-
-
-def why_infeasible(t: TrialRecord, mode: str = "slo-capacity") -> str | None:
-    """Why a trial has no feasible load, in words: the worker failure, or each violated
-    constraint with its value and limit at the lowest load it tried, e.g. "capacity below
-    the lowest load tried (1.00 req/s, x0.250): p99 TTFT 3,412 ms > 2,000 ms"."""
-    if t.state != "COMPLETE" or t.feasible:
-        return None
-    if t.failure_class and not t.levels:
-        return f"worker failed: {t.failure_class}"
-    low = t.headline_level()
-    if low is None:
-        return t.failure_class or "no load level measured"
-    what = "; ".join(low.violation_texts) or "violates the SLOs"
-    what += stop_note(low.metrics)  # a stopped level says why and when
-    rate = f"{low.offered_rate:,.2f} req/s, " if low.offered_rate is not None else ""
-    if all(v.get("name") == "overlength_rate" for v in low.violations) and low.violations:
-        head = "requests too long for max_model_len at any load"
-    elif mode == "slo-capacity":
-        head = f"capacity below the lowest load tried ({rate}x{low.scale:.3f})"
-    else:
-        head = f"infeasible at the workload's {'rate' if rate else 'concurrency'}" + (
-            f" ({rate.rstrip(', ')})" if rate else ""
-        )
-    if t.failure_class:
-        head += f", then the worker failed ({t.failure_class})"
-    return f"{head}: {what}"
 
 
 def no_feasible_reason(trials: list[TrialRecord], mode: str = "slo-capacity") -> str:

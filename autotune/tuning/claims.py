@@ -29,9 +29,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchConfig, StrategyConfig
-from autotune.report.dashboard import enqueued_engine_args
 from autotune.store import Store
 from autotune.store.resilience import secondary_failure
+from autotune.tuning import attrs
 from autotune.tuning.edges import widen_at_claim
 from autotune.tuning.recovery import Recovery, claim_key
 from autotune.tuning.rounding import tidy_steps
@@ -111,9 +111,9 @@ def decide(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds) ->
             )
         return Done("plan complete")
     order = stage_order(stage, b)
-    earlier = [t for t in running if stage_order(t.user_attrs.get("stage"), b) < order]
+    earlier = [t for t in running if stage_order(attrs.stage_of(t), b) < order]
     if earlier:
-        names = sorted({str(t.user_attrs.get("stage")) for t in earlier})
+        names = sorted({str(attrs.stage_of(t)) for t in earlier})
         return Wait(
             f"stage {stage} starts once {len(earlier)} running trial(s) of "
             f"{', '.join(names)} complete",
@@ -198,18 +198,18 @@ class Claims:
                 )
                 trial = self.study.ask()
                 values = suggest(trial, bounds)
-            engine_args = enqueued_engine_args(trial.user_attrs) or values.engine_args()
-            label = trial.user_attrs.get("label")
+            engine_args = attrs.enqueued_engine_args(trial) or values.engine_args()
+            label = attrs.label_of(trial)
             # a retry keeps its stage; a first enqueued run is named by its label
             stage = str(
-                trial.user_attrs.get("stage")
+                attrs.stage_of(trial)
                 or ("baseline" if label == "baseline" else (label or decision))
             )
             # the stage now, under the lock (the claims read it); the engine values follow
             # in record_trial_start
-            trial.set_user_attr("stage", stage)
+            attrs.write_stage(trial, stage)
             # a first heartbeat now: Optuna never counts a trial without one as stale
-            self.store.optuna_storage().record_heartbeat(trial._trial_id)
+            self.store.optuna_storage().record_heartbeat(attrs.trial_id(trial))
             key = claim_key(trial.number)
             lk.add_claim(
                 key,
@@ -222,7 +222,7 @@ class Claims:
         # heartbeats from now on: only once the claim (and on PostgreSQL the lock's
         # transaction with it) has committed
         if self.on_claim is not None:
-            self.on_claim(trial._trial_id)
+            self.on_claim(attrs.trial_id(trial))
         return Claimed(trial, stage, engine_args, key, lane, done)
 
     def finish(self, claimed: Claimed) -> None:
@@ -238,7 +238,7 @@ class Claims:
 
             def run() -> str | None:
                 with self.fleet.locked(self.name):
-                    frozen = self.store.optuna_storage().get_trial(claimed.trial._trial_id)
+                    frozen = self.store.optuna_storage().get_trial(attrs.trial_id(claimed.trial))
                     if frozen.state != TrialState.RUNNING:
                         return None
                     return self.recovery.fail(frozen, why)

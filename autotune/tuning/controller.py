@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,10 @@ from autotune.config import StudyConfig, parse_config
 from autotune.errors import ConfigError, NotFoundError, SimStartupError, StorageError
 from autotune.profiles.hardware import HardwareProfile, get_hardware
 from autotune.profiles.models import ModelProfile, get_model, load_model_config
-from autotune.report.dashboard import (
-    enqueue_attrs,
-    record_trial,
-    record_trial_start,
-    refresh_after_run,
-)
 from autotune.store import Store, StudyRecord
+from autotune.tuning import attrs
 from autotune.tuning.claims import Claimed, Done
+from autotune.tuning.findings import trial_summary
 from autotune.tuning.lanes import LanePlan, RunBudget, lane_events, plan_lanes, run_lanes
 from autotune.tuning.plan import (
     baseline_engine_args,
@@ -45,32 +40,45 @@ from autotune.tuning.runners import VirtualRunner, capacity_search, make_runner
 from autotune.tuning.scoring import CONSTRAINT_NAMES, Slo, record_rank
 from autotune.tuning.session import ControllerSession
 from autotune.tuning.space import (
-    MNBT_PARAM,
     PARAM_ORDER,
     SpaceBounds,
 )
-from autotune.tuning.stages import SCREENING_ATTR
 from autotune.tuning.stopping import Interrupted, stop_on_signals
 from autotune.tuning.strategy import planned_total
 from autotune.tuning.trial import Event, TrialOutcome, TrialSetup, lattice_of, run_trial
-from autotune.tuning.validate import VALIDATION_ATTR, ValidationOutcome, run_validation
+from autotune.tuning.validate import ValidationOutcome, run_validation
 from autotune.workload.build import study_workload
 from autotune.workload.core import Workload
 from autotune.workload.traces import dropped_text
 
 __all__ = [
+    "RunHooks",
     "RunReport",
+    "baseline_capacity",
     "config_yaml_of",
     "constraint_names",
     "create_study",
     "fail_running",
     "load_study_config",
+    "model_of",
     "optuna_value",
     "run_study",
 ]
 
 log = logging.getLogger(__name__)
-_BOUNDS_ATTR = "autotune.bounds"
+# Old names some tests still import: the codec (tuning/attrs.py) owns the bounds' format.
+_bounds_from_json = attrs.bounds_from_json
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What a run calls beyond tuning: the CLI and the nightly pass optuna-dashboard's
+    notes and plots (``autotune.report.dashboard.HOOKS``, docs/report.md#7-after-the-run),
+    which sit in a layer above this one. ``trial_told`` runs before Optuna is told a
+    trial's result, ``run_ended`` after a run that ran trials (with its seconds)."""
+
+    trial_told: Callable[[optuna.Trial, TrialOutcome, StudyConfig], None]
+    run_ended: Callable[[optuna.Study, StudyConfig, StudyRecord, Store, float], None]
 
 
 @dataclass
@@ -83,35 +91,14 @@ class RunReport:
     validation_runs: int = 0  # re-measurements made after the search (tuning/validate.py)
 
 
-def _model(cfg: StudyConfig) -> ModelProfile:
+def model_of(cfg: StudyConfig) -> ModelProfile:
+    """The study's model profile: its ``config.json`` when given, else the named profile."""
     if cfg.model.config_json:
         return load_model_config(cfg.model.config_json, name=cfg.model.name)
     return get_model(cfg.model.name)
 
 
-def _bounds_to_json(b: SpaceBounds) -> str:
-    return json.dumps(asdict(b))
-
-
-def _bounds_from_json(text: str) -> SpaceBounds:
-    d = json.loads(text)
-    d["max_model_len_candidates"] = tuple(d["max_model_len_candidates"])
-    d["extras"] = tuple((n, tuple(c)) for n, c in d["extras"])
-    return SpaceBounds(**d)
-
-
-def _sample_params(b: SpaceBounds, engine_args: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampler's parameters for known engine args (to enqueue the baseline): the engine
-    values themselves (the trial runs the enqueued engine args, kept beside them)."""
-    out = {
-        "max_model_len": int(engine_args["max_model_len"]),
-        "gpu_memory_utilization": float(engine_args["gpu_memory_utilization"]),
-        "max_num_seqs": int(engine_args["max_num_seqs"]),
-        MNBT_PARAM: int(engine_args["max_num_batched_tokens"]),
-    }
-    for name, choices in b.extras:
-        out[name] = engine_args.get(name, choices[0])
-    return out
+_model = model_of  # its old name (tests import it)
 
 
 def _enqueued_configs(
@@ -145,22 +132,13 @@ def _enqueued_configs(
     return configs
 
 
-def _enqueue(
-    study: optuna.Study, b: SpaceBounds, configs: list[tuple[str, dict[str, Any]]]
-) -> None:
-    for label, engine_args in configs:
-        study.enqueue_trial(
-            _sample_params(b, engine_args), user_attrs=enqueue_attrs(label, engine_args)
-        )
-
-
 def load_study_config(rec: StudyRecord) -> StudyConfig:
     return parse_config(rec.config_yaml, f"<stored config of study {rec.name!r}>")
 
 
 def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecord:
     """Validate everything that can be checked before a launch, then store the study."""
-    model, hw = _model(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), get_hardware(cfg.hardware)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     prof = wl.profile()
     cands_probe = build_bounds(cfg, model, prof, 0).max_model_len_candidates
@@ -170,7 +148,7 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     if cfg.mode == "slo-capacity" and not cfg.workload.peak_concurrency:
         # Concurrency grows with the offered load: size max_num_seqs for the load the
         # baseline itself sustains within the SLOs (a quick sim-virtual capacity search).
-        scale = asyncio.run(_baseline_capacity(cfg, model, hw, wl, baseline))
+        scale = asyncio.run(baseline_capacity(cfg, model, hw, wl, baseline))
     peak = cfg.workload.peak_concurrency or estimate_peak_concurrency(
         model, hw, wl, base_mml, scale
     )
@@ -191,22 +169,8 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
             f"study {cfg.name!r} already exists; use `autotune study run "
             f"{cfg.name}` to continue it or `autotune study delete {cfg.name}`"
         )
-    study = optuna.create_study(
-        study_name=cfg.name,
-        storage=store.optuna_storage(),
-        direction="maximize",
-        load_if_exists=True,
-    )
-    if study.trials:
-        raise StorageError(
-            f"an Optuna study named {cfg.name!r} already has trials in this "
-            "database; pick another study name"
-        )
-    study.set_user_attr(_BOUNDS_ATTR, _bounds_to_json(bounds))
-    study.set_user_attr("autotune.baseline", baseline)
-    study.set_user_attr("autotune.workload_fingerprint", prof.fingerprint)
-    study.set_user_attr(SCREENING_ATTR, screening.to_dict())
-    _enqueue(study, bounds, configs)
+    header = attrs.StudyHeader(bounds, baseline, prof.fingerprint, screening.to_dict())
+    attrs.open_study(store.optuna_storage(), cfg.name, header, configs)
     profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
     # what `study create` states before anything runs: rows of the file left out, and a
     # baseline max_model_len that a handful of requests set
@@ -233,13 +197,15 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     return rec
 
 
-async def _baseline_capacity(
+async def baseline_capacity(
     cfg: StudyConfig,
     model: ModelProfile,
     hw: HardwareProfile,
     wl: Workload,
     baseline: Mapping[str, Any],
 ) -> float:
+    """The load scale ``baseline`` sustains within the SLOs: a quick sim-virtual capacity
+    search (1.0 when the simulator cannot start it)."""
     runner = VirtualRunner(
         model, hw, model_name=cfg.model.name, static_args={}, seed=cfg.seed, jitter_cv=0.0
     )
@@ -304,6 +270,7 @@ async def _run(
     on_event: Event | None,
     workdir: Path,
     plan: LanePlan | None = None,
+    hooks: RunHooks | None = None,
 ) -> RunReport:
     """This process as one of the study's controllers (registered, heartbeating, recovering
     what others left, docs/faults.md) running trials until the plan, ``n_trials`` or
@@ -338,6 +305,7 @@ async def _run(
                     recovered,
                     stop.signum_now,
                     plan,
+                    hooks,
                 )
             except asyncio.CancelledError:
                 if stop.signum is not None:
@@ -372,6 +340,7 @@ async def _trials(
     recovered: list[str],
     stop_signal: Callable[[], int | None],
     plan: LanePlan | None = None,
+    hooks: RunHooks | None = None,
 ) -> RunReport:
     if timeout is None:
         timeout = cfg.strategy.timeout_s  # the config's default limit for a run
@@ -430,10 +399,9 @@ async def _trials(
             session.claimed(got)
             trial, stage_name, engine_args = got.trial, got.stage, got.engine_args
             setup = setup_for(engine_args)
-            record_trial_start(study, trial, stage_name, engine_args, cfg.mode)
-            if setup.devices is not None or "devices" in trial.user_attrs:  # a retry's copy
-                trial.set_user_attr("devices", setup.devices)
-            frozen = store.optuna_storage().get_trial(trial._trial_id)
+            attrs.write_trial_start(study, trial, stage_name, engine_args, cfg.mode)
+            attrs.write_devices(trial, setup.devices)  # or a retry's copy of none
+            frozen = store.optuna_storage().get_trial(attrs.trial_id(trial))
             # No capacity hint: every trial gets the same search as the baseline. Under noise
             # a search started at the best capacity so far finds lucky feasible points up
             # there that a search from the ends never visits
@@ -457,7 +425,7 @@ async def _trials(
                             study.get_trials(deepcopy=False),
                         ),
                     ),
-                    first_attempt=not frozen.system_attrs.get("retry_history"),
+                    first_attempt=not attrs.retry_history(frozen),
                 )
             except BaseException as exc:
                 # failed in both stores and queued again, once (docs/faults.md)
@@ -471,14 +439,17 @@ async def _trials(
                 # its worker was killed from outside or hung: this attempt is no verdict; it
                 # is failed and the configuration runs again once in a fresh worker
                 # (docs/faults.md#10-worker-faults)
-                trial.set_user_attr("failure_class", out.failure_class)
+                attrs.write_failure_class(trial, out.failure_class)
                 line = claims.abandon(got, out.retry)
                 session.released(got)
                 budget.release()
                 if line and setup.on_event is not None:
                     setup.on_event("trial_abandoned", {"number": trial.number, "line": line})
                 continue
-            record_trial(study, trial, out, cfg)  # constraints, attributes, the trial's note
+            # constraints and attributes, then the trial's note (docs/report.md)
+            attrs.write_trial_summary(study, trial, trial_summary(out, cfg), out.score.constraints)
+            if hooks is not None:
+                hooks.trial_told(trial, out, cfg)
             study.tell(trial, optuna_value(cfg, out))
             claims.finish(got)
             session.released(got)
@@ -546,7 +517,7 @@ async def _validate(
         vocab_size=model.vocab_size,
         deadline=None if timeout is None else t0 + timeout,
         on_event=on_event,
-        publish=lambda summary: study.set_user_attr(VALIDATION_ATTR, summary),
+        publish=lambda summary: attrs.write_validation(study, summary),
     )
 
 
@@ -561,9 +532,11 @@ def run_study(
     reset_running: bool = False,
     gpus: str | None = None,
     gpus_per_trial: int | None = None,
+    hooks: RunHooks | None = None,
 ) -> RunReport:
     """Run (or resume) the study ``name``. ``gpus`` (``--gpus``): run trials in parallel,
-    ``gpus_per_trial`` devices each (docs/parallel.md); it overrides ``worker.gpus``."""
+    ``gpus_per_trial`` devices each (docs/parallel.md); it overrides ``worker.gpus``.
+    ``hooks``: optuna-dashboard's notes and plots (``autotune.report.dashboard.HOOKS``)."""
     rec = store.get_study(name)
     if rec is None:
         raise NotFoundError(
@@ -580,10 +553,10 @@ def run_study(
             "(docs/parallel.md#6-the-in-process-simulator)",
             len(plan.lanes),
         )
-    model, hw = _model(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), get_hardware(cfg.hardware)
     study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
-    bounds = _bounds_from_json(str(study.user_attrs[_BOUNDS_ATTR]))
-    stored = study.user_attrs.get("autotune.workload_fingerprint")
+    header = attrs.read_header(study)
+    bounds, stored = header.bounds, header.workload_fingerprint
     wl = study_workload(cfg, vocab_size=model.vocab_size, expect_fingerprint=stored)
     if wl.fingerprint() != stored:
         raise ConfigError(
@@ -595,10 +568,12 @@ def run_study(
     work = workdir or Path(cfg.worker.workdir) / name
     t0 = time.monotonic()
     report = asyncio.run(
-        _run(cfg, store, study, bounds, wl, model, hw, n_trials, timeout, on_event, work, plan)
+        _run(
+            cfg, store, study, bounds, wl, model, hw, n_trials, timeout, on_event, work, plan, hooks
+        )
     )
-    if report.trials_run:  # optuna-dashboard's study note and plots, as of this run's end
-        refresh_after_run(study, cfg, rec, store, time.monotonic() - t0)
+    if report.trials_run and hooks is not None:  # the dashboard's note and plots, as of now
+        hooks.run_ended(study, cfg, rec, store, time.monotonic() - t0)
     return report
 
 

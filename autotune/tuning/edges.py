@@ -25,7 +25,8 @@ from typing import Any, Literal, Protocol
 from optuna.trial import FrozenTrial
 
 from autotune.config import SearchConfig
-from autotune.report.dashboard import ENGINE_PREFIX
+from autotune.tuning.attrs import WIDENED_KEY as WIDENED_ATTR  # the study attribute
+from autotune.tuning.attrs import engine_value, read_widenings, write_widenings
 from autotune.tuning.space import MNBT_PARAM, SpaceBounds
 from autotune.tuning.stages import CONCURRENCY, stage_param
 from autotune.tuning.strategy import best_trial
@@ -41,7 +42,6 @@ __all__ = [
     "widenings",
 ]
 
-WIDENED_ATTR = "autotune.widened"  # the study's user attribute: a list of Widening dicts
 # "On an edge": within 2^(1/8) of it (9 %), half the first step of a coordinate pass
 # (2^(1/4)), so a best point the passes could still move inward from is not on the edge.
 NEAR = 2.0**0.125
@@ -134,9 +134,9 @@ def widenings(
     return out
 
 
-def stored_widenings(attrs: Mapping[str, Any]) -> list[Widening]:
-    """The widenings a study's user attributes hold, in the order they were made."""
-    return [Widening.from_dict(d) for d in attrs.get(WIDENED_ATTR, [])]
+def stored_widenings(study: Mapping[str, Any] | _Study) -> list[Widening]:
+    """The widenings a study (or its user attributes) holds, in the order they were made."""
+    return [Widening.from_dict(d) for d in read_widenings(study)]
 
 
 class _Study(Protocol):
@@ -150,11 +150,7 @@ class _Study(Protocol):
 
 def _engine_values(t: FrozenTrial) -> dict[str, Any]:
     names = ("max_model_len", *CONCURRENCY)
-    return {
-        n: t.user_attrs.get(f"{ENGINE_PREFIX}{n}", t.params.get(n))
-        for n in names
-        if n in t.params or f"{ENGINE_PREFIX}{n}" in t.user_attrs
-    }
+    return {n: v for n in names if (v := engine_value(t, n)) is not None}
 
 
 def widen_at_claim(
@@ -169,7 +165,7 @@ def widen_at_claim(
     ``max_num_seqs.2``, ``max_num_batched_tokens.3``, ...) makes now, stored before the trial
     is asked for. Returns the bounds and the new widenings (to tell). Call it under the
     study's claim lock."""
-    done = stored_widenings(study.user_attrs)
+    done = stored_widenings(study)
     b = apply_widenings(base, done)
     param, k = stage_param(stage)
     if param not in CONCURRENCY or k < 2:
@@ -179,5 +175,5 @@ def widen_at_claim(
         return b, []  # no feasible best: nothing sits on an edge yet
     new = widenings(b, _engine_values(best), trial=best.number, done=done, search=search)
     if new:
-        study.set_user_attr(WIDENED_ATTR, [asdict(w) for w in [*done, *new]])
+        write_widenings(study, [asdict(w) for w in [*done, *new]])
     return apply_widenings(b, new), new

@@ -22,7 +22,6 @@ Each fix is one line of the report a run prints when it starts.
 
 from __future__ import annotations
 
-import copy
 import logging
 import warnings
 from collections.abc import Sequence
@@ -34,15 +33,14 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.store import Store, TrialRecord
 from autotune.store.fleet import ControllerEntry, Fleet, Locked
 from autotune.store.optuna_storage import ResilientStorage
+from autotune.tuning import attrs
 from autotune.workers.guard import host_name, process_alive, remove_tmpdir, stop_group
 
-__all__ = ["MAX_RETRIES", "REQUEUED_FROM", "Recovery", "claim_key", "successors"]
+__all__ = ["MAX_RETRIES", "Recovery", "claim_key", "successors"]
 
 log = logging.getLogger(__name__)
 
 MAX_RETRIES = 1
-# system attribute of a configuration put back in the queue because it never ran
-REQUEUED_FROM = "autotune.requeued_from"
 
 
 def claim_key(number: int) -> str:
@@ -53,41 +51,30 @@ def successors(trials: Sequence[FrozenTrial]) -> set[int]:
     """Numbers of the trials that already have a retry (or a re-queued copy)."""
     out: set[int] = set()
     for u in trials:
-        history = u.system_attrs.get("retry_history") or []
+        history = attrs.retry_history(u)
         if history:
-            out.add(int(history[-1]))
-        source = u.system_attrs.get(REQUEUED_FROM)
+            out.add(history[-1])
+        source = attrs.requeued_from(u)
         if source is not None:
-            out.add(int(source))
+            out.add(source)
     return out
 
 
 def _is_baseline(t: FrozenTrial) -> bool:
-    return t.user_attrs.get("label") == "baseline"
+    return attrs.label_of(t) == "baseline"
 
 
 def _may_retry(t: FrozenTrial) -> bool:
-    return _is_baseline(t) or len(t.system_attrs.get("retry_history") or []) < MAX_RETRIES
+    return _is_baseline(t) or len(attrs.retry_history(t)) < MAX_RETRIES
 
 
 def _was_enqueued(t: FrozenTrial) -> bool:
     return bool(
-        t.user_attrs.get("label")
-        or t.system_attrs.get("retry_history")
-        or t.system_attrs.get("fixed_params")
-        or t.system_attrs.get(REQUEUED_FROM) is not None
+        attrs.label_of(t)
+        or attrs.retry_history(t)
+        or attrs.fixed_params(t)
+        or attrs.requeued_from(t) is not None
     )
-
-
-def _as_enqueued(t: FrozenTrial) -> FrozenTrial:
-    """``t`` with its parameters as ``enqueue_trial`` would give them (fixed parameters,
-    no distributions): the baseline and ``enqueue:`` configs may lie outside the ranges on
-    purpose, and a retry must run exactly the configuration that failed."""
-    q = copy.deepcopy(t)
-    fixed = {**(t.system_attrs.get("fixed_params") or {}), **t.params}
-    q.params, q.distributions = {}, {}
-    q.system_attrs = {**q.system_attrs, "fixed_params": fixed}
-    return q
 
 
 class Recovery:
@@ -127,7 +114,7 @@ class Recovery:
         self.fleet.release(self.name, claim_key(t.number), "FAIL")
         retry = self.retry(t)
         then = f"retried as trial {retry}" if retry is not None else "final (already retried)"
-        return f"trial {t.number} ({t.user_attrs.get('stage', '?')}) failed: {why}; {then}"
+        return f"trial {t.number} ({attrs.stage_of(t) or '?'}) failed: {why}; {then}"
 
     def _fail_row(self, number: int) -> None:
         for row in self.store.trials(self.name, with_levels=False):
@@ -146,11 +133,9 @@ class Recovery:
             callback = RetryHeartbeatStaleTrialCallback(
                 max_retry=None if _is_baseline(t) else MAX_RETRIES
             )
-        callback(self.study, _as_enqueued(t))
+        callback(self.study, attrs.as_enqueued(t))
         new = [u for u in self.study.get_trials(deepcopy=False) if u.number > t.number]
-        made = [
-            u.number for u in new if (u.system_attrs.get("retry_history") or [None])[-1] == t.number
-        ]
+        made = [u.number for u in new if attrs.retry_history(u)[-1:] == [t.number]]
         if made:
             self.retried.append(made[0])
             return made[0]
@@ -158,19 +143,12 @@ class Recovery:
 
     def _requeue(self, t: FrozenTrial) -> None:
         """Put a configuration that never ran back in the queue, its retries untouched."""
-        q = _as_enqueued(t)
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                state=TrialState.WAITING,
-                user_attrs=q.user_attrs,
-                system_attrs={**q.system_attrs, REQUEUED_FROM: t.number},
-            )
-        )
+        self.study.add_trial(attrs.requeued(t))
 
     def fail(self, t: FrozenTrial, why: str) -> str | None:
         """RUNNING -> FAIL (one controller wins), then autotune's row, the claim, a retry."""
         try:
-            if not self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+            if not self.storage.set_trial_state_values(attrs.trial_id(t), TrialState.FAIL):
                 return None
         except optuna.exceptions.UpdateFinishedTrialError:
             return None  # another controller finished it first
@@ -240,7 +218,7 @@ class Recovery:
             line = self.fail(t, "it had no claim")
             return [line] if line else []
         try:
-            if not self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+            if not self.storage.set_trial_state_values(attrs.trial_id(t), TrialState.FAIL):
                 return []
         except optuna.exceptions.UpdateFinishedTrialError:
             return []
@@ -258,14 +236,12 @@ class Recovery:
 
     def _complete_from(self, t: FrozenTrial, row: TrialRecord) -> None:
         """Tell Optuna a result autotune stored before its controller died."""
-        trial = optuna.trial.Trial(self.study, t._trial_id)
+        trial = optuna.trial.Trial(self.study, attrs.trial_id(t))
         if len(row.constraints) == len(self.constraint_names):
             for key, value in zip(self.constraint_names, row.constraints, strict=True):
                 if key not in t.constraints:
                     trial.set_constraint(key, value)
-        trial.set_user_attr("feasible", row.feasible)
-        trial.set_user_attr("failure_class", row.failure_class)
-        trial.set_user_attr("capacity_scale", row.capacity_scale)
+        attrs.write_recovered_summary(trial, row.feasible, row.failure_class, row.capacity_scale)
         assert row.objective is not None
         self.study.tell(t.number, row.objective)
         self.fleet.release(self.name, claim_key(t.number), "COMPLETE")

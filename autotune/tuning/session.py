@@ -22,6 +22,7 @@ import optuna
 from autotune.config import StudyConfig
 from autotune.store import Store
 from autotune.store.resilience import secondary_failure
+from autotune.tuning import attrs
 from autotune.tuning.claims import Claimed, Claims, Wait
 from autotune.tuning.heartbeat import Heartbeat
 from autotune.tuning.recovery import Recovery
@@ -135,7 +136,7 @@ class ControllerSession:
 
     def released(self, c: Claimed) -> None:
         if self.heartbeat is not None:
-            self.heartbeat.discard(c.trial._trial_id)
+            self.heartbeat.discard(attrs.trial_id(c.trial))
 
     async def idle(self, wait: Wait, emit: Emit | None, lane: int = 0) -> None:
         """Wait (with backoff) for running trials (other controllers', other lanes');

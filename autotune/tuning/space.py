@@ -30,6 +30,7 @@ __all__ = [
     "EngineValues",
     "SpaceBounds",
     "TrialLike",
+    "enqueue_params",
     "max_model_len_candidates",
     "mnbt_engine_value",
     "mnbt_range",
@@ -139,3 +140,17 @@ def suggest(trial: TrialLike, b: SpaceBounds) -> EngineValues:
     chunked = bool(extras.get("enable_chunked_prefill", b.enable_chunked_prefill))
     lo, hi = mnbt_range(b, mml, mns, chunked)
     return EngineValues(mml, round(util, 4), mns, mnbt_engine_value(raw, lo, hi), extras)
+
+
+def enqueue_params(b: SpaceBounds, engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampler's parameters for known engine args (to enqueue the baseline): the engine
+    values themselves (the trial runs the enqueued engine args, kept beside them)."""
+    out = {
+        "max_model_len": int(engine_args["max_model_len"]),
+        "gpu_memory_utilization": float(engine_args["gpu_memory_utilization"]),
+        "max_num_seqs": int(engine_args["max_num_seqs"]),
+        MNBT_PARAM: int(engine_args["max_num_batched_tokens"]),
+    }
+    for name, choices in b.extras:
+        out[name] = engine_args.get(name, choices[0])
+    return out

@@ -33,6 +33,14 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune.config import StrategyConfig
+from autotune.tuning.attrs import SCREENING_KEY as SCREENING_ATTR  # the study attribute
+from autotune.tuning.attrs import (
+    BaselineEvidence,
+    baseline_evidence,
+    engine_value,
+    label_of,
+    stage_of,
+)
 from autotune.tuning.space import MNBT_PARAM, SpaceBounds
 
 __all__ = [
@@ -47,6 +55,7 @@ __all__ = [
     "baseline_trial",
     "capacity_bracket",
     "choices_of",
+    "evidence_of",
     "memory_evidence",
     "memory_verdict",
     "plan_lines",
@@ -55,7 +64,6 @@ __all__ = [
     "stage_plan",
 ]
 
-SCREENING_ATTR = "autotune.max_model_len_screening"  # the study's user attribute
 
 # Peak KV usage below which memory is not what limits the baseline (the seed guide's rule,
 # docs/method.md: KV usage near 100 % or preemptions mean memory pressure). Usage moves in whole
@@ -166,7 +174,7 @@ class Stage:
 
 def baseline_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
     """The study's baseline trial, in whatever state (the latest retry)."""
-    found = [t for t in trials if t.user_attrs.get("label") == "baseline"]
+    found = [t for t in trials if label_of(t) == "baseline"]
     return found[-1] if found else None
 
 
@@ -182,7 +190,7 @@ def _flat(trials: Sequence[FrozenTrial], stage: str) -> int | None:
     """How many trials a stage ran before its line proved flat (None: not flat, or too
     early to tell): at least two complete trials, every one within :data:`FLAT` of the
     others and of the best trial before the stage."""
-    mine = [t for t in trials if t.user_attrs.get("stage") == stage]
+    mine = [t for t in trials if stage_of(t) == stage]
     if len(mine) < 2 or any(t.value is None or not t.state.is_finished() for t in mine):
         return None
     first = min(t.number for t in mine)
@@ -206,7 +214,7 @@ def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | No
     of every trial so far, lower values cannot beat it and the stage's other trials go to the
     concurrency passes. The top can still lose (a launch that runs out of memory on a real
     GPU, noise): then the stage goes on with its line search."""
-    mine = [t for t in trials if t.user_attrs.get("stage") == stage]
+    mine = [t for t in trials if stage_of(t) == stage]
     if any(not t.state.is_finished() for t in mine):
         return None
     tops = [
@@ -214,7 +222,7 @@ def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | No
         for t in mine
         if t.value is not None
         and all(v <= 0 for v in t.constraints.values())
-        and at_top(float(t.user_attrs.get(f"engine.{stage}", t.params.get(stage, -1))), top)
+        and at_top(float(engine_value(t, stage, -1)), top)
     ]
     if not tops:
         return None
@@ -225,33 +233,42 @@ def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | No
     others = [
         float(t.value)
         for t in trials
-        if t.value is not None
-        and t not in tops
-        and (t.number < first or t.user_attrs.get("stage") == stage)
+        if t.value is not None and t not in tops and (t.number < first or stage_of(t) == stage)
     ]
     if others and best < max(others) * (1.0 - TOP_TIE):
         return None
     return len(mine)
 
 
-def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds) -> list[Stage]:
-    """The staged strategy's parameter stages with their budgets, in order: the first pass
-    over every parameter in the fixed order, then coordinate passes over the concurrency
-    pair until the trial budget (less the joint refinement) is spent. Before the baseline
-    has completed, the memory stage keeps its nominal budget (provisional: no later stage is
-    claimed while the baseline runs, docs/parallel.md)."""
-    tps = st.trials_per_stage
+def evidence_of(trials: Sequence[FrozenTrial]) -> BaselineEvidence | None:
+    """What the baseline recorded for the plan, None until it has completed with a value."""
     base = baseline_trial(trials)
     done = base is not None and base.state.is_finished() and base.value is not None
+    return baseline_evidence(base) if done and base is not None else None
+
+
+def stage_plan(
+    trials: Sequence[FrozenTrial],
+    st: StrategyConfig,
+    b: SpaceBounds,
+    evidence: BaselineEvidence | None = None,
+) -> list[Stage]:
+    """The staged strategy's parameter stages with their budgets, in order: the first pass
+    over every parameter in the fixed order, then coordinate passes over the concurrency
+    pair until the trial budget (less the joint refinement) is spent. ``evidence``: what the
+    completed baseline recorded (by default :func:`evidence_of` the trials); before the
+    baseline has completed, the memory stage keeps its nominal budget (provisional: no later
+    stage is claimed while the baseline runs, docs/parallel.md)."""
+    tps = st.trials_per_stage
+    base = baseline_trial(trials)
+    ev = evidence if evidence is not None else evidence_of(trials)
     out: list[Stage] = []
     saved = 0
     for p in stage_params(b):
         if p == "max_model_len":
             # a queued baseline has no params yet: its engine attribute says it
             base_mml = (
-                (base.params.get(p) or base.user_attrs.get(f"engine.{p}"))
-                if base is not None
-                else None
+                (base.params.get(p) or engine_value(base, p)) if base is not None else None
             ) or max(b.max_model_len_candidates)
             others = [c for c in b.max_model_len_candidates if c != base_mml]
             n = min(tps, len(others))
@@ -263,9 +280,7 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
             out.append(Stage(p, n, why))
             saved += tps - n
         elif p == "gpu_memory_utilization":
-            verdict, why = (
-                memory_verdict(base) if done and base is not None else (None, "provisional")
-            )
+            verdict, why = memory_verdict(ev) if ev is not None else (None, "provisional")
             n = 0 if verdict is False else tps
             ran = _flat(trials, p) if n else None
             if ran is not None and ran < n:
@@ -286,10 +301,8 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
     # strategy.POLISH (sqrt 2) of the best point's value (docs/tuning.md#8-the-staged-plan).
     # The trials the first pass saved (``saved``) are spent here, on the concurrency knobs,
     # in the order the baseline points at (below).
-    kind = base.user_attrs.get("diagnosis") if base is not None and done else None
-    tpot = base.user_attrs.get("binding_slo") if base is not None and done else None
     pair = CONCURRENCY
-    if kind == "token-budget-bound" or tpot == "p99_tpot":
+    if ev is not None and (ev.diagnosis == "token-budget-bound" or ev.binding_slo == "p99_tpot"):
         # the token budget first: the baseline's steps bind it, or p99 TPOT is the SLO that
         # binds its capacity, and a smaller budget shortens every step a decode waits on
         # (the seed guide's FAQ: a large budget lengthens each step and worsens decode latency)
@@ -310,7 +323,7 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
                 "re-checked at the tuned concurrency (pass 1 ran at the baseline's)",
             )
         )
-    queued = len({t.user_attrs["label"] for t in trials if "label" in t.user_attrs}) or 1
+    queued = len({label_of(t) for t in trials} - {None}) or 1
     left = st.n_trials - queued - sum(s.budget for s in out)
     per = max(2, (tps + 1) // 2)
     k = 2
@@ -325,19 +338,10 @@ def stage_plan(trials: Sequence[FrozenTrial], st: StrategyConfig, b: SpaceBounds
     return out
 
 
-def memory_verdict(t: FrozenTrial) -> tuple[bool | None, str]:
-    """Is memory the baseline's bottleneck (from its recorded attributes)?"""
-    kv, pre, n = (
-        t.user_attrs.get("kv_usage_peak"),
-        t.user_attrs.get("preemptions"),
-        t.user_attrs.get("levels"),
-    )
-    ev = MemoryEvidence(
-        kv_peak=float(kv) if kv is not None else None,
-        preemptions=float(pre) if pre is not None else None,
-        levels=int(n or 0),
-    )
-    return ev.bottleneck()
+def memory_verdict(ev: BaselineEvidence) -> tuple[bool | None, str]:
+    """Is memory the baseline's bottleneck (from what it recorded)?"""
+    mem = MemoryEvidence(kv_peak=ev.kv_usage_peak, preemptions=ev.preemptions, levels=ev.levels)
+    return mem.bottleneck()
 
 
 def plan_lines(

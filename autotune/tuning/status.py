@@ -11,9 +11,10 @@ from optuna.trial import TrialState
 
 from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
-from autotune.tuning.controller import _bounds_from_json, load_study_config
+from autotune.tuning import attrs
+from autotune.tuning.controller import load_study_config
 from autotune.tuning.edges import apply_widenings, stored_widenings
-from autotune.tuning.stages import SCREENING_ATTR, plan_lines
+from autotune.tuning.stages import plan_lines
 from autotune.tuning.strategy import planned_total
 
 __all__ = ["RunningTrial", "StudyStatus", "study_plan", "study_status"]
@@ -68,23 +69,23 @@ def study_status(store: Store, name: str) -> StudyStatus:
         running.append(
             RunningTrial(
                 number=t.number,
-                stage=str(t.user_attrs.get("stage", "?")),
+                stage=attrs.stage_of(t) or "?",
                 controller=f"{owner.host}:{owner.pid}" if owner else "(unclaimed)",
                 workers=", ".join(groups),
                 started=t.datetime_start,
-                devices=t.user_attrs.get("devices"),
+                devices=attrs.devices_of(t),
             )
         )
     retries = []
     for t in trials:
-        history = t.system_attrs.get("retry_history") or []
+        history = attrs.retry_history(t)
         if history:
             retries.append(
-                f"trial {t.number} ({t.user_attrs.get('stage', '?')}) retries trial "
+                f"trial {t.number} ({attrs.stage_of(t) or '?'}) retries trial "
                 f"{history[-1]}: {t.state.name}"
             )
     cfg = load_study_config(rec)
-    bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+    bounds = attrs.read_header(study).bounds
     return StudyStatus(
         controllers=controllers,
         running=running,
@@ -105,9 +106,9 @@ def study_plan(store: Store, name: str) -> list[str]:
     assert rec is not None, "check the study exists first"
     study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
     cfg = load_study_config(rec)
-    bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
-    screening = study.user_attrs.get(SCREENING_ATTR)
-    widened = stored_widenings(study.user_attrs)  # edges moved out by the passes so far
+    header = attrs.read_header(study)
+    bounds, screening = header.bounds, header.screening
+    widened = stored_widenings(study)  # edges moved out by the passes so far
     bounds = apply_widenings(bounds, widened)
     lines = plan_lines(study.get_trials(deepcopy=False), cfg.strategy, bounds, screening)
     return lines + [w.line() for w in widened]

@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StrategyConfig
-from autotune.report.dashboard import ENGINE_PREFIX
+from autotune.tuning.attrs import engine_value, stage_of
 from autotune.tuning.linesearch import next_on_line
 from autotune.tuning.space import MNBT_PARAM, SpaceBounds, mnbt_range
 from autotune.tuning.stages import (
@@ -62,7 +62,7 @@ def _stage_name(param: str) -> str:
 
 def _done(trials: Sequence[FrozenTrial], stage: str, running: bool = False) -> int:
     states = (TrialState.COMPLETE, TrialState.RUNNING) if running else (TrialState.COMPLETE,)
-    return sum(1 for t in trials if t.user_attrs.get("stage") == stage and t.state in states)
+    return sum(1 for t in trials if stage_of(t) == stage and t.state in states)
 
 
 def _geom(lo: float, hi: float, n: int) -> list[float]:
@@ -207,7 +207,7 @@ def sampler_for(
     if choices is not None:
         # A categorical stage tries each choice once, in order,
         # instead of letting TPE draw the same few values again.
-        tried = {t.params.get(free) for t in trials if t.user_attrs.get("stage") == stage}
+        tried = {t.params.get(free) for t in trials if stage_of(t) == stage}
         base = baseline_trial(trials)
         if free == "max_model_len" and base is not None and k == 1:
             tried.add(base.params.get(free))  # measured already: the stage tries the others
@@ -248,7 +248,7 @@ def _measured_at(trials: Sequence[FrozenTrial], b: SpaceBounds, point: dict[str,
 
 
 def _engine(t: FrozenTrial, name: str) -> Any:
-    return t.user_attrs.get(f"{ENGINE_PREFIX}{name}", t.params.get(name))
+    return engine_value(t, name)
 
 
 def _line_value(

@@ -27,6 +27,7 @@ import numpy as np
 from autotune.config import StudyConfig
 from autotune.errors import StorageError, WorkerStartupError
 from autotune.store import RepeatRecord, Store, TrialRecord
+from autotune.tuning.attrs import VALIDATION_KEY as VALIDATION_ATTR  # the study attribute
 from autotune.tuning.capacity import Lattice
 from autotune.tuning.interval import ValidationSummary, summary_of
 from autotune.tuning.runners import HttpRunner, LevelOutcome, Runner, capacity_search
@@ -52,8 +53,6 @@ Emit = Callable[[str, Mapping[str, Any]], None]
 # a runner for one validation run, given the run's jitter seed
 RunnerFactory = Callable[[int], Runner]
 
-# the Optuna study attribute holding the summary (the dashboard shows study attributes)
-VALIDATION_ATTR = "autotune.validation"
 _TAG = 0x76616C69  # "vali": keeps validation seeds apart from every other seed of a study
 _MASK = 0xFFFFFFFF
 

@@ -1,0 +1,396 @@
+"""Every Optuna study and trial attribute autotune reads or writes (the codec): the keys,
+typed records for what they hold (:class:`StudyHeader`, :class:`TrialSummary`,
+:class:`BaselineEvidence`), and their encoding. No other module names an attribute key or
+Optuna's private ``_trial_id``/``_study_id``. The keys and JSON shapes are the stored
+format: older databases read unchanged (docs/report.md#1-optuna-dashboard)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from autotune.errors import StorageError
+from autotune.tuning.space import SpaceBounds, enqueue_params
+
+__all__ = [
+    "CONSTRAINTS_KEY",
+    "ENGINE_PREFIX",
+    "BaselineEvidence",
+    "StudyHeader",
+    "TrialSummary",
+    "baseline_evidence",
+    "bounds_from_json",
+    "constraint_order",
+    "devices_of",
+    "engine_attrs",
+    "engine_value",
+    "enqueue_attrs",
+    "enqueued_engine_args",
+    "fixed_params",
+    "label_of",
+    "open_study",
+    "read_header",
+    "requeued_from",
+    "retry_history",
+    "set_metric_name",
+    "stage_of",
+    "study_id",
+    "trial_id",
+    "write_trial_start",
+    "write_trial_summary",
+]
+
+BOUNDS_KEY = "autotune.bounds"  # study user attributes; SpaceBounds as a JSON string
+BASELINE_KEY = "autotune.baseline"  # the baseline's engine args
+FINGERPRINT_KEY = "autotune.workload_fingerprint"
+SCREENING_KEY = "autotune.max_model_len_screening"  # Screening.to_dict()
+PROJECTION_KEY = "autotune.nightly_projection"  # the nightly's Projection dicts
+WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/edges.py)
+VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/validate.py)
+CONSTRAINTS_KEY = "constraints"  # Optuna's list format (trial), its legend (study)
+STAGE_KEY = "stage"  # the trial user attributes: stage, label, devices, ...
+LABEL_KEY = "label"
+DEVICES_KEY = "devices"
+FAILURE_CLASS_KEY = "failure_class"
+ENGINE_PREFIX = "engine."  # one per engine arg: engine.max_num_batched_tokens
+_LEGACY_ENGINE_ARGS = "engine_args"  # studies before one attribute per arg
+_FIXED_PARAMS = "fixed_params"  # trial system attributes: these two are Optuna's own
+_RETRY_HISTORY = "retry_history"
+REQUEUED_FROM_KEY = "autotune.requeued_from"  # a configuration re-queued because it never ran
+_Trial = FrozenTrial | optuna.Trial
+
+
+def trial_id(t: optuna.Trial | FrozenTrial) -> int:
+    """The storage's id of a trial (Optuna has no public accessor for it)."""
+    return int(t._trial_id)
+
+
+def study_id(study: optuna.Study) -> int:
+    """The storage's id of a study (optuna-dashboard's URLs use it)."""
+    return int(study._study_id)
+
+
+def bounds_from_json(text: str) -> SpaceBounds:
+    d = json.loads(text)
+    d["max_model_len_candidates"] = tuple(d["max_model_len_candidates"])
+    d["extras"] = tuple((n, tuple(c)) for n, c in d["extras"])
+    return SpaceBounds(**d)
+
+
+@dataclass(frozen=True)
+class StudyHeader:
+    """What a study is created with: its search space, its baseline and its workload; a study
+    created by ``study create`` has the screening, a nightly one its projections."""
+
+    bounds: SpaceBounds
+    baseline: Mapping[str, Any]
+    workload_fingerprint: str | None
+    screening: dict[str, Any] | None = None
+    nightly_projection: list[dict[str, Any]] | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        out = {
+            BOUNDS_KEY: json.dumps(asdict(self.bounds)),
+            BASELINE_KEY: dict(self.baseline),
+            FINGERPRINT_KEY: self.workload_fingerprint,
+            SCREENING_KEY: self.screening,
+            PROJECTION_KEY: self.nightly_projection,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def read_header(study: optuna.Study) -> StudyHeader:
+    """What a study was created with (its bounds before any widening)."""
+    u = study.user_attrs
+    fingerprint = u.get(FINGERPRINT_KEY)
+    return StudyHeader(
+        bounds_from_json(str(u[BOUNDS_KEY])),
+        dict(u.get(BASELINE_KEY) or {}),
+        None if fingerprint is None else str(fingerprint),
+        u.get(SCREENING_KEY),
+        u.get(PROJECTION_KEY),
+    )
+
+
+def read_widenings(study: Any) -> list[dict[str, Any]]:
+    """The stored widenings (of a study, or its user attributes), oldest first."""
+    return list((study if isinstance(study, Mapping) else study.user_attrs).get(WIDENED_KEY, []))
+
+
+def write_widenings(study: Any, widenings: Sequence[Mapping[str, Any]]) -> None:
+    study.set_user_attr(WIDENED_KEY, [dict(w) for w in widenings])
+
+
+def write_validation(study: optuna.Study, summary: Any) -> None:
+    study.set_user_attr(VALIDATION_KEY, summary)
+
+
+def open_study(
+    storage: BaseStorage,
+    name: str,
+    header: StudyHeader,
+    configs: Sequence[tuple[str, Mapping[str, Any]]],
+) -> optuna.Study:
+    """Create the Optuna study ``name``, write its header and enqueue ``configs`` (label,
+    engine args: the baseline first). An Optuna study of that name that already has trials
+    (left by another tool, or autotune's rows deleted) is refused, never mixed in."""
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction="maximize", load_if_exists=True
+    )
+    if study.trials:
+        raise StorageError(
+            f"an Optuna study named {name!r} already has trials in this "
+            "database; pick another study name"
+        )
+    for key, value in header.attrs().items():
+        study.set_user_attr(key, value)
+    for label, engine_args in configs:
+        study.enqueue_trial(
+            enqueue_params(header.bounds, engine_args),
+            user_attrs=enqueue_attrs(label, engine_args),
+        )
+    return study
+
+
+def set_metric_name(study: optuna.Study, mode: str) -> None:
+    """The objective's name: ``output tok/s at capacity`` in slo-capacity mode."""
+    name = "output tok/s at capacity" if mode == "slo-capacity" else "output tok/s"
+    with warnings.catch_warnings():
+        # set_metric_names is experimental in Optuna 5; optuna-dashboard shows the name it
+        # stores instead of "Objective 0", which is the point
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if study.metric_names != [name]:
+            study.set_metric_names([name])
+
+
+def _tidy(v: Any) -> Any:
+    # 0.8500000000000001 (Optuna's stepped floats) -> 0.85; no real engine value needs 10 digits
+    return round(v, 10) if isinstance(v, float) and math.isfinite(v) else v
+
+
+def engine_attrs(engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """One attribute per engine arg, numbers kept numbers (the dashboard sorts them), None
+    left out; a mapping (a JSON flag) becomes one attribute per key, a list one string."""
+    out: dict[str, Any] = {}
+    for k, v in engine_args.items():
+        if v is None:
+            continue
+        if isinstance(v, Mapping):
+            out.update({f"{ENGINE_PREFIX}{k}.{sk}": _tidy(sv) for sk, sv in v.items()})
+        elif isinstance(v, list | tuple):
+            out[f"{ENGINE_PREFIX}{k}"] = " ".join(map(str, v))
+        else:
+            out[f"{ENGINE_PREFIX}{k}"] = _tidy(v)
+    return out
+
+
+def enqueue_attrs(label: str, engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The user attributes of an enqueued trial (the baseline, ``enqueue:`` configs)."""
+    return {LABEL_KEY: label, **engine_attrs(engine_args)}
+
+
+def enqueued_engine_args(
+    t: Mapping[str, Any] | _Trial,
+) -> dict[str, Any] | None:
+    """The engine args an enqueued trial (or its user attributes) was queued with (None for a
+    sampled trial). Studies before one attribute per arg have one ``engine_args`` mapping."""
+    user_attrs = t if isinstance(t, Mapping) else t.user_attrs
+    if isinstance(user_attrs.get(_LEGACY_ENGINE_ARGS), Mapping):
+        return dict(user_attrs[_LEGACY_ENGINE_ARGS])
+    if LABEL_KEY not in user_attrs:
+        return None
+    out: dict[str, Any] = {}
+    for key, v in user_attrs.items():
+        if key.startswith(ENGINE_PREFIX):
+            name, _, sub = key[len(ENGINE_PREFIX) :].partition(".")
+            if sub:
+                out.setdefault(name, {})[sub] = v
+            else:
+                out[name] = v
+    return out or None
+
+
+def engine_value(t: _Trial, name: str, default: Any = None) -> Any:
+    """The engine value a trial ran (its engine attribute), else its sampled parameter."""
+    return t.user_attrs.get(f"{ENGINE_PREFIX}{name}", t.params.get(name, default))
+
+
+def _text(t: _Trial, key: str) -> str | None:  # a text attribute, None when not written
+    v = t.user_attrs.get(key)
+    return None if v is None else str(v)
+
+
+def stage_of(t: _Trial) -> str | None:
+    """The stage a trial was claimed for (None before its claim)."""
+    return _text(t, STAGE_KEY)
+
+
+def label_of(t: _Trial) -> str | None:
+    """The enqueue label (``baseline``, ``enqueue-0``, a nightly projection), None if sampled."""
+    return _text(t, LABEL_KEY)
+
+
+def devices_of(t: FrozenTrial) -> str | None:
+    return _text(t, DEVICES_KEY)
+
+
+def retry_history(t: FrozenTrial) -> list[int]:
+    """The trials this one retries, oldest first (Optuna's own system attribute)."""
+    return [int(n) for n in t.system_attrs.get(_RETRY_HISTORY) or []]
+
+
+def fixed_params(t: FrozenTrial) -> dict[str, Any]:
+    """The parameters ``enqueue_trial`` fixed (Optuna's own system attribute)."""
+    return dict(t.system_attrs.get(_FIXED_PARAMS) or {})
+
+
+def as_enqueued(t: FrozenTrial) -> FrozenTrial:
+    """``t`` with its parameters as ``enqueue_trial`` would give them (fixed parameters,
+    no distributions): the baseline and ``enqueue:`` configs may lie outside the ranges on
+    purpose, and a retry must run exactly the configuration that failed."""
+    q = copy.deepcopy(t)
+    q.params, q.distributions = {}, {}
+    q.system_attrs = {**q.system_attrs, _FIXED_PARAMS: {**fixed_params(t), **t.params}}
+    return q
+
+
+def requeued_from(t: FrozenTrial) -> int | None:  # the trial it is a re-queued copy of
+    v = t.system_attrs.get(REQUEUED_FROM_KEY)
+    return None if v is None else int(v)
+
+
+def requeued(t: FrozenTrial) -> FrozenTrial:
+    """A WAITING copy of ``t`` as enqueued, marked as re-queued from it."""
+    q = as_enqueued(t)
+    marked = {**q.system_attrs, REQUEUED_FROM_KEY: t.number}
+    return create_trial(state=TrialState.WAITING, user_attrs=q.user_attrs, system_attrs=marked)
+
+
+def write_trial_start(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    stage: str,
+    engine_args: Mapping[str, Any],
+    mode: str,
+) -> None:
+    """What a RUNNING trial shows: the study's metric name, its stage and engine values."""
+    set_metric_name(study, mode)
+    trial.set_user_attr(STAGE_KEY, stage)
+    for k, v in engine_attrs(engine_args).items():
+        trial.set_user_attr(k, v)
+
+
+def write_stage(trial: optuna.Trial, stage: str) -> None:  # at the claim, under its lock
+    trial.set_user_attr(STAGE_KEY, stage)
+
+
+def write_devices(trial: optuna.Trial, devices: str | None) -> None:
+    """The lane's devices; written when the trial has some, or its retry's copy had."""
+    if devices is not None or DEVICES_KEY in trial.user_attrs:
+        trial.set_user_attr(DEVICES_KEY, devices)
+
+
+def write_failure_class(trial: optuna.Trial, failure_class: str | None) -> None:
+    trial.set_user_attr(FAILURE_CLASS_KEY, failure_class)
+
+
+@dataclass(frozen=True)
+class BaselineEvidence:
+    """What the staged plan reads from the baseline (docs/tuning.md#8-the-staged-plan): its
+    diagnosis, the SLO binding its capacity, and its capacity bracket's memory evidence."""
+
+    diagnosis: str | None = None
+    binding_slo: str | None = None
+    kv_usage_peak: float | None = None
+    preemptions: float | None = None
+    levels: int = 0
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """A finished trial's user attributes (a None field is not written): its verdict, its
+    headline figures for people in optuna-dashboard and :class:`BaselineEvidence`."""
+
+    feasible: bool | None = None
+    failure_class: str | None = None
+    capacity_scale: float | None = None
+    capacity_req_s: float | None = None
+    capacity_status: str | None = None
+    p99_ttft_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    kv_cache_tokens: int | None = None
+    why_infeasible: str | None = None
+    launch_command: str | None = None
+    stopped: str | None = None
+    diagnosis: str | None = None
+    diagnosis_suggestion: str | None = None
+    levels: int | None = None
+    kv_usage_peak: float | None = None
+    preemptions: float | None = None
+    binding_slo: str | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
+
+
+def _legend(names: Sequence[str]) -> str:
+    return ", ".join(f"{i}: {n}" for i, n in enumerate(names)) + " (> 0 is violated)"
+
+
+def constraint_order(names: Sequence[str]) -> list[str]:
+    """The order of a trial's constraint values, in Optuna and in ``TrialRecord``: by name."""
+    return sorted(names)
+
+
+def write_trial_summary(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    summary: TrialSummary,
+    constraints: Mapping[str, float],
+) -> list[str]:
+    """Before ``study.tell``: the constraints (in :func:`constraint_order`), the summary and
+    the study's legend of the constraints. optuna-dashboard 0.21 reads a trial's constraints
+    only from the system attribute ``"constraints"`` (a list, what a sampler's
+    ``constraints_func`` writes); Optuna 5's ``Trial.set_constraint`` writes keys it ignores,
+    and writing both would give Optuna every constraint twice."""
+    names = constraint_order(list(constraints))
+    trial.storage.set_trial_system_attr(
+        trial_id(trial), CONSTRAINTS_KEY, [float(constraints[n]) for n in names]
+    )
+    for k, v in summary.attrs().items():
+        trial.set_user_attr(k, v)
+    if study.user_attrs.get(CONSTRAINTS_KEY) != _legend(names):
+        study.set_user_attr(CONSTRAINTS_KEY, _legend(names))
+    return names
+
+
+def write_recovered_summary(
+    trial: optuna.Trial, feasible: bool | None, failure_class: str | None, scale: float | None
+) -> None:
+    """The verdict of a result autotune stored before its controller died (None written)."""
+    trial.set_user_attr("feasible", feasible)
+    trial.set_user_attr(FAILURE_CLASS_KEY, failure_class)
+    trial.set_user_attr("capacity_scale", scale)
+
+
+def baseline_evidence(t: FrozenTrial) -> BaselineEvidence:
+    """The evidence a finished baseline trial recorded (its :class:`TrialSummary`)."""
+    kv, pre = t.user_attrs.get("kv_usage_peak"), t.user_attrs.get("preemptions")
+    return BaselineEvidence(
+        diagnosis=_text(t, "diagnosis"),
+        binding_slo=_text(t, "binding_slo"),
+        kv_usage_peak=float(kv) if kv is not None else None,
+        preemptions=float(pre) if pre is not None else None,
+        levels=int(t.user_attrs.get("levels") or 0),
+    )
