@@ -37,7 +37,13 @@ from autotune.workload.text import (
     hf_token_counter,
     text_of_length,
 )
-from autotune.workload.traces import TRACE_FIELDS, load_azure, load_mooncake, load_trace
+from autotune.workload.traces import (
+    TRACE_FIELDS,
+    dropped_text,
+    load_azure,
+    load_mooncake,
+    load_trace,
+)
 
 __all__ = [
     "DEFAULT_VOCAB_SIZE",
@@ -55,6 +61,7 @@ __all__ = [
     "WorkloadRequest",
     "approx_token_count",
     "arrivals",
+    "dropped_text",
     "fingerprint",
     "hf_token_counter",
     "is_valid_sequence",
