@@ -16,7 +16,7 @@ runner calls, and sums, per study:
 ``1 - oracle_s / full_s`` is the oracle saving: the ceiling for the product's rule on the same
 trials, tighter than "every infeasible level stopped at once" because no rule can count a
 request before it is sent. Benchmark-only: the product's rule is
-``autotune.tuning.early_stop.SimWatch``.
+``autotune.sim.SimWatch``.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from typing import Any
 
 import numpy as np
 
+import autotune.sim.replay as replay
 import autotune.tuning.controller as controller
-import autotune.tuning.runners as runners
 from autotune.config import StudyConfig
 from autotune.loadgen.early_stop import needed
 from autotune.sim.engine import SimResult
-from autotune.tuning.early_stop import WARMUP_PREFIX
 
 __all__ = ["OracleTally", "level_oracle", "oracle_replay"]
 
@@ -50,7 +49,7 @@ class OracleTally:
 def level_oracle(cfg: StudyConfig, res: SimResult) -> tuple[float, float | None]:
     """(engine seconds the level replayed, seconds from its first send to its oracle stop or
     None when the full replay breaks no limit)."""
-    meas = [r for r in res.requests if not r.request_id.startswith(WARMUP_PREFIX)]
+    meas = [r for r in res.requests if not r.warmup]
     if not meas:
         return 0.0, None
     start = min(r.arrival for r in meas)
@@ -99,7 +98,7 @@ def oracle_replay(cfg: StudyConfig) -> Iterator[OracleTally]:
     """Within the block, every level the ``sim-virtual`` runner simulates adds to the
     returned tally (run the study with ``strategy.early_stop: false``)."""
     tally = OracleTally()
-    real: Callable[..., SimResult] = runners.simulate
+    real: Callable[..., SimResult] = replay.simulate
     # the validation phase's runs and create's baseline capacity probe are no trial's
     # levels: the benchmark's replay figures sum the trials' levels only
     skipped = ("run_validation", "_baseline_capacity")
@@ -128,12 +127,12 @@ def oracle_replay(cfg: StudyConfig) -> Iterator[OracleTally]:
         tally.oracle_s += full if cut is None else cut
         return res
 
-    runners.simulate = wrapped  # type: ignore[assignment]
+    replay.simulate = wrapped  # type: ignore[assignment]
     for name, fn in saved.items():
         setattr(controller, name, outside_trials(fn))
     try:
         yield tally
     finally:
-        runners.simulate = real  # type: ignore[assignment]
+        replay.simulate = real  # type: ignore[assignment]
         for name, fn in saved.items():
             setattr(controller, name, fn)

@@ -23,10 +23,11 @@ from autotune.failures import FailureMatch
 from autotune.loadgen.level import LevelMetrics
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
+from autotune.sim import jitter_seed
 from autotune.store import Store
 from autotune.tuning import controller
 from autotune.tuning.capacity import CapacitySearch, Lattice
-from autotune.tuning.runners import LevelOutcome, StartInfo, VirtualRunner, jitter_seed
+from autotune.tuning.runners import LevelOutcome, StartInfo, VirtualRunner
 from autotune.tuning.scoring import LevelScore, Violation
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload

@@ -24,14 +24,13 @@ from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.metrics import RequestRecord, summarize
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
+from autotune.sim import SimWatch, records_from_sim, sim_engine_args, sim_requests
 from autotune.sim.engine import Engine, simulate
-from autotune.tuning.early_stop import SimWatch, rule_of
+from autotune.tuning.early_stop import rule_of
 from autotune.tuning.runners import (
     HttpRunner,
     VirtualRunner,
     make_runner,
-    records_from_sim,
-    sim_engine_args,
 )
 from autotune.tuning.scoring import Slo, score_level
 from autotune.workload.build import build_workload, scale_rate
@@ -272,7 +271,7 @@ def test_simulated_levels_reach_the_full_replays_verdict(
 
 def test_watch_counts_what_the_records_say(workload: Any) -> None:
     """Run to the end with a watch that never stops: its counts are the records'."""
-    reqs = scale_rate(workload, 8.0).to_sim_requests()
+    reqs = sim_requests(scale_rate(workload, 8.0))
     watch = SimWatch(StopRule(1000.0, 45.0), len(reqs))
     calls = 0
 
@@ -292,7 +291,7 @@ def test_watch_counts_what_the_records_say(workload: Any) -> None:
 
 
 def test_stop_hook_ends_the_replay_and_leaves_the_rest_unfinished(workload: Any) -> None:
-    reqs = scale_rate(workload, 2.0).to_sim_requests()
+    reqs = sim_requests(scale_rate(workload, 2.0))
     full = simulate(MODEL, HW, ARGS_ENGINE, reqs, seed=1)
     cut = simulate(MODEL, HW, ARGS_ENGINE, reqs, seed=1, stop=lambda e, _t: e.step_idx >= 200)
     assert full.stopped_at is None and full.end == max(r.finish for r in full.requests)

@@ -1,6 +1,6 @@
 """The early-stop oracle of the tuning-quality benchmark (benchmarks/early_stop_oracle.py): the
 latest send among the k requests a limit needs is a bound no sound rule beats, so the
-product's rule (autotune/tuning/early_stop.py) never stops a simulated level before it, and a
+product's rule (autotune/sim/watch.py) never stops a simulated level before it, and a
 level the oracle cannot cut never stops."""
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from test_study import config
 from autotune.loadgen.early_stop import StopRule, needed
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
+from autotune.sim import SimWatch, sim_engine_args, sim_requests
 from autotune.sim.engine import simulate
-from autotune.tuning.early_stop import SimWatch
-from autotune.tuning.runners import sim_engine_args
 from autotune.workload.build import build_workload, scale_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -41,6 +40,7 @@ def _req(i: int, arrival: float, ttft: float, tpot: float = 0.02, n: int = 10) -
         token_times=times,
         ttft=ttft,
         e2e=float(times[-1]) - arrival,
+        warmup=False,
     )
 
 
@@ -72,7 +72,7 @@ def test_the_rule_never_stops_a_level_before_the_oracle(
 ) -> None:
     cfg = config(slo={"p99_ttft_ms": 3000.0, "p99_tpot_ms": 45.0})[0]
     wl = build_workload(cfg.workload, vocab_size=MODEL.vocab_size)
-    reqs = scale_rate(wl, scale).to_sim_requests()
+    reqs = sim_requests(scale_rate(wl, scale))
     engine_args = {
         "max_model_len": 4096,
         "gpu_memory_utilization": 0.9,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from autotune.errors import ConfigError
+from autotune.sim import sim_requests
 from autotune.workload import arrivals, random_workload
 
 
@@ -124,7 +125,7 @@ def test_workload_schedules_and_closed_loop() -> None:
     closed = w.closed_loop(4)
     assert closed.arrivals() is None and closed.closed_loop_concurrency == 4
     assert all(r.arrival is None for r in closed.requests)
-    assert all(s.arrival == 0.0 for s in closed.to_sim_requests())
+    assert all(s.arrival == 0.0 for s in sim_requests(closed))
     prof = closed.profile()
     assert prof.closed_loop and prof.peak_concurrency == 4 and prof.mean_rate is None
     with pytest.raises(ConfigError, match="concurrency"):

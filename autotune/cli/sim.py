@@ -16,10 +16,10 @@ from autotune.cli._app import sim_app
 from autotune.errors import SimStartupError
 from autotune.profiles.hardware import GiB, HardwareProfile, builtin_hardware, get_hardware
 from autotune.profiles.models import ModelProfile, builtin_models, get_model
-from autotune.sim.args import EngineArgs
+from autotune.sim import EngineArgs
 
 if TYPE_CHECKING:
-    from autotune.sim.engine import SimResult
+    from autotune.sim import SimResult
 
 __all__: list[str] = []
 
@@ -224,8 +224,7 @@ def _sim_run(
     model = get_model(model_name)
     hw = get_hardware(hardware)
     # Imported here: the engine is the heavy part, and listing profiles must not need it.
-    from autotune.sim.engine import simulate
-    from autotune.sim.lengths import lognormal_requests
+    from autotune.sim import lognormal_requests, simulate
 
     given: dict[str, Any] = {
         "max_model_len": max_model_len,
@@ -285,6 +284,6 @@ def _sim_serve(ctx: typer.Context) -> None:
     """Serve a simulated vLLM (vLLM's flags, OpenAI API, /metrics). See --help."""
     # vLLM's flag grammar (--no-x pairs, unknown flag = error) is argparse's, so the
     # arguments go to argparse untouched rather than through typer.
-    from autotune.sim.serve import main as serve_main
+    from autotune.sim import serve_main
 
     raise typer.Exit(serve_main(list(ctx.args)))

@@ -93,8 +93,7 @@ def details(view: StudyView) -> list[tuple[str, str]]:
     if kind == "vllm":
         vllm = f"vllm serve ({' '.join(cfg.worker.vllm_executable)}; version not recorded)"
     else:
-        from autotune.sim.server import VLLM_VERSION
-        from autotune.sim.version import ENGINE_MODEL_VERSION
+        from autotune.sim import ENGINE_MODEL_VERSION, VLLM_VERSION
 
         vllm = (
             f"simulated vLLM {VLLM_VERSION} (worker {kind}, engine model "

@@ -1,4 +1,59 @@
-"""The simulated vLLM engine: profiles, startup memory accounting, V1 scheduler, step cost
-model, clocks. Pure logic; the HTTP server lives beside it and is the only I/O."""
+"""The simulated vLLM engine: startup memory accounting, V1 scheduler, step cost model,
+clocks, and its adapters to the layers below (workload requests in, records and telemetry
+out). Pure logic; the HTTP server lives beside it and is the only I/O. The GPU and model
+profiles it reads live in :mod:`autotune.profiles`.
 
-__all__: list[str] = []
+This module is the front door: other packages import only the names below
+(docs/architecture.md); ``autotune sim serve`` runs :mod:`autotune.sim.serve` as a process.
+"""
+
+from __future__ import annotations
+
+from autotune.sim.adapters import from_sim_timeline, sim_request, sim_requests
+from autotune.sim.args import EngineArgs, ResolvedArgs
+from autotune.sim.engine import SimResult, simulate
+from autotune.sim.lengths import lognormal_requests
+from autotune.sim.memory import MemoryPlan, plan_memory
+from autotune.sim.replay import (
+    SimLevel,
+    jitter_seed,
+    records_from_sim,
+    replay_level,
+    sim_engine_args,
+)
+from autotune.sim.request import RequestTiming, SimRequest
+from autotune.sim.server import VLLM_VERSION
+from autotune.sim.version import ENGINE_MODEL_VERSION
+from autotune.sim.watch import SimWatch
+
+__all__ = [
+    "ENGINE_MODEL_VERSION",
+    "VLLM_VERSION",
+    "EngineArgs",
+    "MemoryPlan",
+    "RequestTiming",
+    "ResolvedArgs",
+    "SimLevel",
+    "SimRequest",
+    "SimResult",
+    "SimWatch",
+    "from_sim_timeline",
+    "jitter_seed",
+    "lognormal_requests",
+    "plan_memory",
+    "records_from_sim",
+    "replay_level",
+    "serve_main",
+    "sim_engine_args",
+    "sim_request",
+    "sim_requests",
+    "simulate",
+]
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """``autotune sim serve``: imported on call, so that importing the package does not load
+    the module ``python -m autotune.sim.serve`` runs."""
+    from autotune.sim.serve import main
+
+    return main(argv)

@@ -258,6 +258,7 @@ class Engine:
                     finish=float(ends[r.t_finish]) if r.t_finish >= 0 else math.nan,
                     token_times=tt,
                     preemptions=r.preemptions,
+                    warmup=isinstance(r.user, SimRequest) and r.user.warmup,
                 )
             )
         for sr, msg in self.rejected:
@@ -273,6 +274,7 @@ class Engine:
                     token_times=np.empty(0),
                     rejected=True,
                     reject_reason=msg,
+                    warmup=sr.warmup,
                 )
             )
         tl = self._tl

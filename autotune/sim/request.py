@@ -25,6 +25,7 @@ class SimRequest:
     arrival: float = 0.0
     prompt_token_ids: Sequence[int] | None = None
     request_id: str | None = None
+    warmup: bool = False  # sent before the measured replay (its timing is not scored)
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
@@ -130,6 +131,7 @@ class RequestTiming:
     rejected: bool = False
     reject_reason: str = ""
     truncated: bool = False  # max_tokens cut to max_model_len - prompt (vLLM does the same)
+    warmup: bool = False  # a warm-up request (SimRequest.warmup)
 
     @property
     def ttft(self) -> float:

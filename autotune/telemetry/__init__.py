@@ -3,7 +3,7 @@
 - :mod:`~autotune.telemetry.scrape`: parse vLLM's ``/metrics`` (current and older names),
   scrape it before, during and after a level, counting the scrapes a busy host misses.
 - :mod:`~autotune.telemetry.summary`: :class:`LevelTelemetry` (counter and histogram deltas,
-  gauge statistics) from scrapes or from the simulated engine's timeline (``sim-virtual``).
+  gauge statistics) from scrapes (the simulated engine's timeline: :mod:`autotune.sim`).
 - :mod:`~autotune.telemetry.prometheus`: the same summary from a user's Prometheus (PromQL
   over the level's window) and the file-based service-discovery targets file it watches.
 - :mod:`~autotune.telemetry.diagnosis`: memory-bound, token-budget-bound, concurrency-capped,
@@ -30,7 +30,6 @@ from autotune.telemetry.summary import (
     HistogramDelta,
     LevelTelemetry,
     from_scrape,
-    from_sim_timeline,
     summarize,
 )
 
@@ -50,7 +49,6 @@ __all__ = [
     "Snapshot",
     "diagnose",
     "from_scrape",
-    "from_sim_timeline",
     "parse_metrics",
     "publish_sd_target",
     "scrape",

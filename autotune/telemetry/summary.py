@@ -2,7 +2,8 @@
 
 Three sources feed the same :class:`LevelTelemetry`: direct scrapes of ``/metrics``
 (:func:`summarize` / :func:`from_scrape`), the simulated engine's in-process timeline for
-``sim-virtual`` trials (:func:`from_sim_timeline`) and PromQL (``autotune.telemetry.prometheus``).
+``sim-virtual`` trials (:func:`autotune.sim.from_sim_timeline`, on the simulator's side) and
+PromQL (``autotune.telemetry.prometheus``).
 
 Counters and histograms are before/after deltas, exact whatever happened in between; gauges
 exist only where mid-level samples do. Histogram quantiles are interpolated inside vLLM's
@@ -18,15 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
-from autotune.sim.engine import SimResult
-from autotune.sim.metrics import (
-    ITERATION_TOKENS_BUCKETS,
-    ITL_BUCKETS,
-    REQUEST_LATENCY_BUCKETS,
-    TTFT_BUCKETS,
-)
 from autotune.telemetry.scrape import LevelScrape, Snapshot
 from autotune.telemetry.stats import (
     BudgetUse,
@@ -35,7 +27,6 @@ from autotune.telemetry.stats import (
     Series,
     downsample,
     gauge_stats,
-    histogram_of,
     saturated_fraction,
 )
 
@@ -49,7 +40,6 @@ __all__ = [
     "HistogramDelta",
     "LevelTelemetry",
     "from_scrape",
-    "from_sim_timeline",
     "summarize",
 ]
 
@@ -230,74 +220,3 @@ def from_scrape(
 def _delta(before: float | None, after: float) -> float:
     """Counter increase; a counter that went down was reset (restart): count from zero."""
     return after if before is None or after < before else after - before
-
-
-def from_sim_timeline(
-    result: SimResult, start: float, end: float, max_num_batched_tokens: int, max_num_seqs: int
-) -> LevelTelemetry:
-    """The same summary from the simulated engine's own record over ``(start, end]`` (engine s).
-
-    What the simulated server's ``/metrics`` would have shown: steps ending in the window are
-    the gauge samples and iteration-token observations; requests finishing in it are observed
-    in TTFT/e2e/queue histograms and ``request_success{finished_reason="length"}``; ITL gaps
-    end in it. Prefix-cache counters exist only as run totals, so they appear only when the
-    window holds every step.
-    """
-    tl = result.timeline
-    in_win = (tl.t > start) & (tl.t <= end)
-
-    def at(t: float) -> float:  # cumulative preemptions after the last step ending by t
-        i = int(np.searchsorted(tl.t, t, side="right"))
-        return float(tl.preemptions[i - 1]) if i > 0 else 0.0
-
-    done = [r for r in result.requests if not r.rejected and start < r.finish <= end]
-    gaps: list[np.ndarray] = []
-    emitted = 0
-    for r in result.requests:
-        tt = r.token_times
-        if r.rejected or len(tt) == 0 or tt[-1] <= start or tt[0] > end:
-            continue
-        emitted += int(((tt > start) & (tt <= end)).sum())
-        later = tt[1:]
-        gaps.append((later - tt[:-1])[(later > start) & (later <= end)])
-    counters = {
-        "preemptions": at(end) - at(start),
-        "prompt_tokens": float(tl.prefill_tokens[in_win].sum()),
-        "generation_tokens": float(emitted),
-    }
-    if len(tl.t) and start < tl.t[0] and end >= tl.t[-1]:
-        counters["prefix_cache_queries"] = float(result.prefix_cache_queries)
-        counters["prefix_cache_hits"] = float(result.prefix_cache_hits)
-    hists = {
-        "ttft": histogram_of([r.first_token - r.arrival for r in done], TTFT_BUCKETS),
-        "itl": histogram_of(np.concatenate(gaps) if gaps else [], ITL_BUCKETS),
-        "e2e": histogram_of([r.finish - r.arrival for r in done], REQUEST_LATENCY_BUCKETS),
-        "queue_time": histogram_of(
-            [r.scheduled - r.arrival for r in done], REQUEST_LATENCY_BUCKETS
-        ),
-        "iteration_tokens": histogram_of(tl.tokens[in_win], ITERATION_TOKENS_BUCKETS),
-    }
-    ts = tl.t[in_win]
-    raw = {
-        "running": tl.running[in_win],
-        "waiting": tl.waiting[in_win],
-        "kv_usage": tl.kv_usage[in_win],
-    }
-    gauges = {k: g for k, v in raw.items() if (g := gauge_stats(ts, v, end)) is not None}
-    over_time: dict[str, Series] = {**raw, "preemptions": tl.preemptions[in_win] - at(start)}
-    return LevelTelemetry(
-        source="sim-timeline",
-        window_s=end - start,
-        has_deltas=True,
-        counters=counters,
-        request_success={"length": float(len(done))},
-        gauges=gauges,
-        histograms=hists,
-        saturated_fraction=saturated_fraction(
-            ts, raw["running"], raw["waiting"], end, max_num_seqs
-        ),
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        samples=int(in_win.sum()),
-        series=downsample(ts, over_time, max(start, 0.0)),  # engine time starts at 0
-    )

@@ -12,8 +12,7 @@ from autotune.config import RangeSpec, StudyConfig
 from autotune.errors import ConfigError, SimStartupError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
-from autotune.sim.args import EngineArgs
-from autotune.sim.engine import simulate
+from autotune.sim import EngineArgs, sim_requests, simulate
 from autotune.tuning.space import SpaceBounds, max_model_len_candidates
 from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
@@ -70,7 +69,7 @@ def estimate_peak_concurrency(
             model,
             hw,
             EngineArgs(max_model_len=max_model_len),
-            scale_rate(wl, scale).to_sim_requests(),
+            sim_requests(scale_rate(wl, scale)),
             jitter_cv=0.0,
         )
     except SimStartupError:

@@ -11,35 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-
 from autotune.config import StudyConfig
 from autotune.errors import ConfigError, ServiceError
 from autotune.failures import FailureMatch
 from autotune.loadgen.client import make_session
-from autotune.loadgen.early_stop import StopRule, stopped_summary
+from autotune.loadgen.early_stop import StopRule
 from autotune.loadgen.level import LevelMetrics
-from autotune.loadgen.metrics import RequestRecord, summarize
 from autotune.loadgen.probe import probe_server
 from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
-from autotune.sim.args import EngineArgs
-from autotune.sim.engine import SimResult, simulate
-from autotune.sim.memory import plan_memory
-from autotune.sim.request import SimRequest
+from autotune.sim import EngineArgs, jitter_seed, plan_memory, replay_level, sim_engine_args
 from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, publish_sd_target
-from autotune.telemetry.summary import LevelTelemetry, from_scrape, from_sim_timeline
+from autotune.telemetry.summary import LevelTelemetry, from_scrape
 from autotune.tuning.capacity import CapacityResult, CapacitySearch, Lattice
-from autotune.tuning.early_stop import WARMUP_PREFIX, SimWatch, rule_of
+from autotune.tuning.early_stop import rule_of
 from autotune.tuning.outcome import LevelDeath, LevelOutcome
 from autotune.tuning.plan import build_bounds
 from autotune.tuning.scoring import LevelScore, Slo, score_level
@@ -61,28 +54,10 @@ __all__ = [
     "StartInfo",
     "VirtualRunner",
     "capacity_search",
-    "jitter_seed",
     "length_guard",
     "make_runner",
     "only_overlength",
-    "records_from_sim",
-    "sim_engine_args",
 ]
-
-_SIM_ARG_FIELDS = {
-    "max_model_len",
-    "gpu_memory_utilization",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "tensor_parallel_size",
-    "block_size",
-    "kv_cache_memory_bytes",
-    "long_prefill_token_threshold",
-    "enforce_eager",
-}
-
 
 _LOG_SETTLE_S = 0.5
 
@@ -120,13 +95,6 @@ def _offered(wl: Workload, scale: float) -> float | None:
     return float(len(t) / t[-1] * scale)
 
 
-def sim_engine_args(engine_args: Mapping[str, Any], static: Mapping[str, Any]) -> EngineArgs:
-    """The simulator's EngineArgs from vLLM-named engine and static args (others ignored,
-    as ``autotune sim serve`` ignores flags that do not change the simulation)."""
-    merged = {**static, **engine_args}
-    return EngineArgs(**{k: v for k, v in merged.items() if k in _SIM_ARG_FIELDS})
-
-
 def _with_diagnosis(
     out: LevelOutcome, tel: LevelTelemetry | None, mns: int, mnbt: int
 ) -> LevelOutcome:
@@ -138,66 +106,6 @@ def _with_diagnosis(
         if "preemptions" in tel.counters:  # the server's counter delta over the level
             out.metrics = out.metrics.with_preemptions(tel.counters["preemptions"])
     return out
-
-
-def jitter_seed(seed: int, scale: float) -> int:
-    """The in-process engine's jitter seed for one level: a function of the study's seed
-    and the load scale only, so a level's result never depends on which levels ran before
-    it (common random numbers, docs/tuning.md#2-common-random-numbers)."""
-    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, round(scale * 1_000_000)])
-    return int(ss.generate_state(1, np.uint64)[0])
-
-
-_WARMUP_PREFIX = WARMUP_PREFIX
-
-
-def records_from_sim(res: SimResult) -> tuple[list[RequestRecord], float]:
-    """One record per simulated request (warm-ups marked, by their ``warmup-`` id; requests
-    an early stop left unfinished have none) and the last measured finish."""
-    recs: list[RequestRecord] = []
-    end = 0.0
-    for r in res.requests:
-        if r.request_id.startswith(_WARMUP_PREFIX):
-            recs.append(RequestRecord(request_id=r.request_id, success=True, warmup=True))
-            continue
-        if r.rejected:
-            recs.append(
-                RequestRecord(
-                    request_id=r.request_id,
-                    success=False,
-                    error=f"over_length: {r.reject_reason}",
-                    http_status=400,
-                    prompt_len=r.prompt_len,
-                    scheduled_at=r.arrival,
-                    sent_at=r.arrival,
-                    finished_at=r.arrival,
-                    over_length=True,
-                )
-            )
-            continue
-        if math.isnan(r.finish):
-            continue  # unfinished when the replay stopped
-        tt = r.token_times
-        end = max(end, r.finish)
-        recs.append(
-            RequestRecord(
-                request_id=r.request_id,
-                success=True,
-                prompt_len=r.prompt_len,
-                prompt_tokens=r.prompt_len,
-                output_tokens=len(tt),
-                scheduled_at=r.arrival,
-                sent_at=r.arrival,
-                first_token_at=r.first_token,
-                last_token_at=r.finish,
-                finished_at=r.finish,
-                itl=np.diff(tt).tolist(),
-                ttft=r.ttft,
-                e2el=r.e2e,
-                truncated=r.truncated,
-            )
-        )
-    return recs, end
 
 
 class VirtualRunner:
@@ -245,86 +153,28 @@ class VirtualRunner:
         progress: Callable[[ProgressSnapshot], None] | None = None,
     ) -> LevelOutcome:
         assert self.args is not None, "start() first"
-        wl = scale_rate(workload, scale)
-        reqs = wl.to_sim_requests()
-        # copies of the first requests (cycled), sent at once before the measured replay, as
-        # the HTTP load generator's warm-up does
-        warm = [
-            SimRequest(
-                q.prompt_len,
-                q.output_len,
-                0.0,
-                q.prompt_token_ids,
-                f"{_WARMUP_PREFIX}{i}-{q.request_id or i}",
-            )
-            for i, q in ((i, reqs[i % len(reqs)]) for i in range(self.warmup if reqs else 0))
-        ]
-        watch = SimWatch(self.early_stop, len(reqs), len(warm)) if self.early_stop else None
-        res = simulate(
+        # the replay itself is the simulator's (autotune.sim.replay_level); this side turns
+        # it into the level outcome tuning scores
+        level = replay_level(
             self.model,
             self.hardware,
             self.args,
-            reqs,
+            scale_rate(workload, scale),
             seed=jitter_seed(self.seed, scale),
             jitter_cv=self.jitter_cv,
-            concurrency=wl.closed_loop_concurrency,
-            warmup=warm,
-            stop=watch,
+            warmup=self.warmup,
+            early_stop=self.early_stop,
         )
-        recs, end = records_from_sim(res)
-        measured = [r for r in res.requests if not r.request_id.startswith(_WARMUP_PREFIX)]
-        start = min((r.arrival for r in measured), default=0.0)
-        if res.stopped_at is not None:
-            end = res.stopped_at
-        summary = summarize(recs, max(end - start, 1e-9))
-        summary["replay_s"] = res.end - start  # engine seconds replayed (warm-ups excluded)
-        if watch is not None and watch.reason is not None and res.stopped_at is not None:
-            summary = _sim_stopped(summary, watch, res, measured, start, reqs, recs)
-        metrics = LevelMetrics.from_summary(summary)
+        metrics = LevelMetrics.from_summary(level.summary)
         out = LevelOutcome(scale, _offered(workload, scale), metrics)
-        r = res.args
-        t0 = start if warm else -1.0  # the measured replay only
-        tel = from_sim_timeline(res, t0, float("inf"), r.max_num_batched_tokens, r.max_num_seqs)
-        return _with_diagnosis(out, tel, r.max_num_seqs, r.max_num_batched_tokens)
+        r = level.args
+        return _with_diagnosis(out, level.telemetry, r.max_num_seqs, r.max_num_batched_tokens)
 
     def failure(self) -> FailureMatch | None:
         return None
 
     async def stop(self) -> None:
         self.args = None
-
-
-def _sim_stopped(
-    summary: dict[str, Any],
-    watch: SimWatch,
-    res: SimResult,
-    measured: list[Any],
-    start: float,
-    reqs: list[SimRequest],
-    recs: list[RequestRecord],
-) -> dict[str, Any]:
-    """The summary of a level the watch stopped: every TTFT known or bounded at the stop
-    (docs/tuning.md#10-early-stop-inside-a-level) and what the stop saved at least (the
-    arrivals still to come)."""
-    assert watch.reason is not None and res.stopped_at is not None
-    stop = res.stopped_at
-    known = [
-        r.ttft if not math.isnan(r.first_token) else stop - r.arrival
-        for r in measured
-        if not r.rejected
-    ]
-    span = max(q.arrival for q in reqs) - min(q.arrival for q in reqs) if reqs else 0.0
-    return stopped_summary(
-        summary,
-        reason=watch.reason,
-        at_request=watch.arrived,
-        planned=len(reqs),
-        replay_s=res.end - start,
-        ttft_known_s=known,
-        saved_s_at_least=start + span - stop,
-        tpot_known_s=[r.tpot for r in recs if r.success and r.output_tokens > 1]
-        + watch.tpot_bounds,
-    )
 
 
 class HttpRunner:

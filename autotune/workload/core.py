@@ -21,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 
 from autotune.errors import ConfigError
-from autotune.sim.request import SimRequest
 from autotune.workload.profile import WorkloadProfile, fingerprint, profile_of
 from autotune.workload.text import (
     DEFAULT_VOCAB_SIZE,
@@ -81,16 +80,6 @@ class WorkloadRequest:
         if self.prompt_token_ids is not None:
             return text_for_token_ids(self.prompt_token_ids)
         return text_of_length(self.prompt_len, seed=self.request_id)
-
-    def to_sim_request(self) -> SimRequest:
-        """The same request for the in-process simulator (closed loop: arrival 0)."""
-        return SimRequest(
-            self.prompt_len,
-            self.output_len,
-            0.0 if self.arrival is None else self.arrival,
-            prompt_token_ids=self.prompt_token_ids,
-            request_id=self.request_id,
-        )
 
 
 @dataclass
@@ -153,6 +142,3 @@ class Workload:
     def fingerprint(self) -> str:
         """sha256 of the canonical serialization (see :func:`.profile.fingerprint`)."""
         return fingerprint(self)
-
-    def to_sim_requests(self) -> list[SimRequest]:
-        return [r.to_sim_request() for r in self.requests]
