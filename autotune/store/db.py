@@ -351,10 +351,10 @@ class Store:
         return self._retrying(
             f"adding trial {rec.optuna_trial_number} of study {rec.study_name!r}",
             lambda: self._add_trial(rec),
-            landed=lambda: self._trial_id(rec.study_name, rec.optuna_trial_number),
+            landed=lambda: self._trial_row_id(rec.study_name, rec.optuna_trial_number),
         )
 
-    def _trial_id(self, study_name: str, number: int) -> int | NotLanded:
+    def _trial_row_id(self, study_name: str, number: int) -> int | NotLanded:
         with self._session(f"looking for trial {number} of study {study_name!r}") as s:
             found = s.scalar(
                 select(TrialRow.id)
@@ -369,7 +369,7 @@ class Store:
             f"{what} already exists (or two of its levels share a level_index)"
         )
         with self._session(f"adding {what}", on_conflict=duplicate) as s:
-            study_id = self._study_id(s, rec.study_name)
+            study_id = self.study_row_id(s, rec.study_name)
             values = _masked({k: getattr(rec, k) for k in _TRIAL_FIELDS})
             values["started_at"] = rec.started_at or datetime.now(UTC)
             row = TrialRow(study_id=study_id, **values)
@@ -437,7 +437,7 @@ class Store:
 
     def _trials(self, study_name: str, with_levels: bool) -> list[TrialRecord]:
         with self._session(f"reading the trials of study {study_name!r}") as s:
-            study_id = self._study_id(s, study_name)
+            study_id = self.study_row_id(s, study_name)
             load = selectinload(TrialRow.levels) if with_levels else lazyload(TrialRow.levels)
             rows = s.scalars(
                 select(TrialRow)
@@ -469,7 +469,7 @@ class Store:
             rows = []
             for rec in recs:
                 if rec.study_name not in ids:
-                    ids[rec.study_name] = self._study_id(s, rec.study_name)
+                    ids[rec.study_name] = self.study_row_id(s, rec.study_name)
                 values = {k: getattr(rec, k) for k in _REPEAT_FIELDS}
                 rows.append(RepeatRow(study_id=ids[rec.study_name], **values))
             s.add_all(rows)
@@ -515,7 +515,7 @@ class Store:
     def repeats(self, study_name: str) -> list[RepeatRecord]:
         """A study's validation runs in the order they are run (repeat, then position)."""
         with self._session(f"reading the validation runs of study {study_name!r}") as s:
-            study_id = self._study_id(s, study_name)
+            study_id = self.study_row_id(s, study_name)
             rows = s.scalars(
                 select(RepeatRow)
                 .where(RepeatRow.study_id == study_id)
@@ -541,7 +541,8 @@ class Store:
         return self.resilience.call(what, fn, landed=landed)
 
     @staticmethod
-    def _study_id(s: Session, name: str) -> int:
+    def study_row_id(s: Session, name: str) -> int:
+        """The id of autotune's row of study ``name`` (not Optuna's study id)."""
         study_id = s.scalar(select(StudyRow.id).where(StudyRow.name == name))
         if study_id is None:
             raise NotFoundError(f"study {name!r} does not exist (see `autotune study list`)")

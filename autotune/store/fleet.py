@@ -136,7 +136,7 @@ class Fleet:
         def add() -> int:
             with self.store._session("registering a controller") as s:
                 row = ControllerRow(
-                    study_id=self.store._study_id(s, study_name),
+                    study_id=self.store.study_row_id(s, study_name),
                     host=host,
                     pid=pid,
                     proc_start=proc_start,
@@ -357,7 +357,7 @@ class Fleet:
                 with self.store._session(f"claiming {key}", on_conflict=taken) as s:
                     s.add(
                         ClaimRow(
-                            study_id=self.store._study_id(s, study_name),
+                            study_id=self.store.study_row_id(s, study_name),
                             key=key,
                             stage=stage,
                             controller_id=controller_id,
@@ -388,7 +388,7 @@ class Fleet:
 
         def run() -> None:
             with self.store._session(f"releasing {key}") as s:
-                study_id = self.store._study_id(s, study_name)
+                study_id = self.store.study_row_id(s, study_name)
                 s.execute(
                     update(ClaimRow)
                     .where(ClaimRow.study_id == study_id, ClaimRow.key == key)

@@ -72,7 +72,7 @@ class Locked:
         lane: int = 0,
     ) -> None:
         with self._s(f"claiming {key}", write=True) as s:
-            study_id = self._fleet.store._study_id(s, self.study_name)
+            study_id = self._fleet.store.study_row_id(s, self.study_name)
             s.add(
                 ClaimRow(
                     study_id=study_id,

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.config import SearchConfig
@@ -134,18 +135,9 @@ def widenings(
     return out
 
 
-def stored_widenings(study: Mapping[str, Any] | _Study) -> list[Widening]:
+def stored_widenings(study: Mapping[str, Any] | optuna.Study) -> list[Widening]:
     """The widenings a study (or its user attributes) holds, in the order they were made."""
     return [Widening.from_dict(d) for d in read_widenings(study)]
-
-
-class _Study(Protocol):
-    """The part of ``optuna.Study`` the glue uses."""
-
-    @property
-    def user_attrs(self) -> dict[str, Any]: ...
-
-    def set_user_attr(self, key: str, value: Any) -> None: ...
 
 
 def _engine_values(t: FrozenTrial) -> dict[str, Any]:
@@ -154,7 +146,7 @@ def _engine_values(t: FrozenTrial) -> dict[str, Any]:
 
 
 def widen_at_claim(
-    study: _Study,
+    study: optuna.Study,
     base: SpaceBounds,
     trials: Sequence[FrozenTrial],
     stage: str,
