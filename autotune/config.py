@@ -40,6 +40,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "MAX_TRIALS",
     "ONE_LEVEL_REPEATS",
+    "ConfigModel",
     "ControllerConfig",
     "ExtraParam",
     "ModelConfig",
@@ -53,6 +54,7 @@ __all__ = [
     "ValidateConfig",
     "WorkerConfig",
     "WorkloadConfig",
+    "check_http_url",
     "load_config",
     "parse_config",
     "parse_document",
@@ -76,7 +78,9 @@ MAX_TIMEOUT_S = 365 * 86400.0
 SCALE_RANGE = (1e-6, 1e6)
 
 
-class _Model(BaseModel):
+# the base of every config model, the nightly job's included (no docstring: pydantic would
+# make it the JSON schema's description)
+class ConfigModel(BaseModel):
     # allow_inf_nan=False: `rate: .inf` / `.nan` are refused at their field as "a finite
     # number" rather than failing later, far from the line (docs/bad-input.md)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -94,13 +98,13 @@ class _Model(BaseModel):
         return v
 
 
-class ModelConfig(_Model):
+class ModelConfig(ConfigModel):
     name: str = Field(description="built-in profile name, or a folder holding config.json")
     served_name: str | None = None
     config_json: str | None = Field(None, description="local config.json overriding the profile")
 
 
-class WorkerConfig(_Model):
+class WorkerConfig(ConfigModel):
     kind: Literal["sim-virtual", "sim", "vllm"] = "sim-virtual"
     vllm_executable: list[str] = Field(default_factory=lambda: ["vllm"], min_length=1)
     static_args: dict[str, Any] = Field(default_factory=dict)
@@ -126,7 +130,7 @@ class WorkerConfig(_Model):
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:  # a NUL in a value is refused for every field (_Model)
+        for name in v:  # a NUL in a value is refused for every field (ConfigModel)
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
         return v
@@ -160,7 +164,7 @@ class WorkerConfig(_Model):
         return v
 
 
-class WorkloadConfig(_Model):
+class WorkloadConfig(ConfigModel):
     source: Literal[
         "synthetic", "sharegpt-like", "random", "sharegpt", "mooncake", "azure", "trace"
     ] = "synthetic"
@@ -210,14 +214,14 @@ class WorkloadConfig(_Model):
         return self
 
 
-class SloConfig(_Model):
+class SloConfig(ConfigModel):
     p99_ttft_ms: float | None = Field(None, gt=0)
     p99_tpot_ms: float | None = Field(None, gt=0)
     max_error_rate: float = Field(0.0, ge=0, le=1)
     max_overlength_rate: float = Field(0.01, ge=0, le=1)
 
 
-class RangeSpec(_Model):
+class RangeSpec(ConfigModel):
     low: float | None = None
     high: float | None = None
     candidates: list[int] | None = None
@@ -229,12 +233,12 @@ class RangeSpec(_Model):
         return self
 
 
-class ExtraParam(_Model):
+class ExtraParam(ConfigModel):
     name: str
     choices: list[Any] = Field(min_length=1)
 
 
-class SearchConfig(_Model):
+class SearchConfig(ConfigModel):
     max_model_len: RangeSpec = RangeSpec()
     gpu_memory_utilization: RangeSpec = RangeSpec()
     max_num_seqs: RangeSpec = RangeSpec()
@@ -258,7 +262,7 @@ CAPACITY_REPEATS = 5
 ONE_LEVEL_REPEATS = 20
 
 
-class ValidateConfig(_Model):
+class ValidateConfig(ConfigModel):
     """The validation phase after the search (docs/tuning.md#7-validation): the top
     ``top_k`` configs and the baseline re-measured ``repeats`` times each on fresh workload
     samples, compared by a paired t-interval at ``confidence``."""
@@ -280,7 +284,7 @@ class ValidateConfig(_Model):
     confidence: float = Field(0.95, gt=0, lt=1)
 
 
-class StrategyConfig(_Model):
+class StrategyConfig(ConfigModel):
     # `validate` is a BaseModel method: the field is `validate_` in Python, `validate` in YAML
     model_config = ConfigDict(
         validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
@@ -318,7 +322,7 @@ class StrategyConfig(_Model):
         return self
 
 
-class TelemetryConfig(_Model):
+class TelemetryConfig(ConfigModel):
     scrape_interval_s: float = Field(2.0, gt=0)
     prometheus_url: str | None = None
 
@@ -327,7 +331,7 @@ class TelemetryConfig(_Model):
     def _http_url(cls, v: str | None) -> str | None:
         if v is not None:
             v = clean_url(v)
-            _check_http_url(v)
+            check_http_url(v)
         return v
 
     # Prometheus mode: the file_sd targets file your Prometheus watches (see
@@ -338,7 +342,7 @@ class TelemetryConfig(_Model):
     preemption_constraint: bool = False
 
 
-class ControllerConfig(_Model):
+class ControllerConfig(ConfigModel):
     """How the controllers sharing a study notice each other's death and ride out database
     outages (docs/faults.md#6-settings). Whole seconds where Optuna takes whole seconds."""
 
@@ -358,7 +362,7 @@ class ControllerConfig(_Model):
         return self
 
 
-class StudyConfig(_Model):
+class StudyConfig(ConfigModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     model: ModelConfig
     hardware: str
@@ -582,9 +586,9 @@ def load_config(path: str | Path) -> StudyConfig:
     return parse_config(read_config_text(path), str(Path(path)))
 
 
-def _check_http_url(url: str) -> None:
+def check_http_url(url: str) -> None:
     """An http(s) URL with a host and, if given, a numeric port; the message never echoes a
-    password."""
+    password (the study's and the nightly job's URLs)."""
     from urllib.parse import urlsplit
 
     shown = re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url)

@@ -18,18 +18,16 @@ from pydantic import Field, field_validator, model_validator
 from autotune.config import (
     MAX_TIMEOUT_S,
     MAX_TRIALS,
+    ConfigModel,
     ModelConfig,
     SearchConfig,
     SloConfig,
     StrategyConfig,
     TelemetryConfig,
     WorkerConfig,
-    _check_http_url,
+    check_http_url,
     parse_document,
     read_config_text,
-)
-from autotune.config import (
-    _Model as _ConfigModel,
 )
 from autotune.inputs import clean_url
 
@@ -45,7 +43,7 @@ __all__ = [
 _ENGINE_KEYS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
 
 
-class _Model(_ConfigModel):
+class _Model(ConfigModel):
     """The study config's base: unknown fields refused, numbers finite, no booleans for
     counts (autotune.inputs.check_number)."""
 
@@ -72,7 +70,7 @@ class TrafficConfig(_Model):
     def _url(cls, v: str | None) -> str | None:
         if v is not None:
             v = clean_url(v)
-            _check_http_url(v)
+            check_http_url(v)
         return v
 
     @model_validator(mode="after")

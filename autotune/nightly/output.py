@@ -12,8 +12,8 @@ import yaml
 
 from autotune.errors import ConfigError
 from autotune.nightly.records import DecisionRecord
+from autotune.profiles.flags import SIM_ONLY_FLAGS
 from autotune.redact import mask_command
-from autotune.report.recommend import _SIM_ONLY
 from autotune.workers.vllm import format_command, vllm_argv
 
 __all__ = ["serve_command", "write_output"]
@@ -27,7 +27,7 @@ def serve_command(
 ) -> str:
     """``vllm serve MODEL --flags...`` for ``engine_args`` (host and port left to the
     deployment, sim-only flags dropped)."""
-    static = {k: v for k, v in (static_args or {}).items() if k not in _SIM_ONLY}
+    static = {k: v for k, v in (static_args or {}).items() if k not in SIM_ONLY_FLAGS}
     argv = vllm_argv(
         ["vllm"],
         model,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "SIM_ONLY_FLAGS",
     "FlagSpec",
     "FlagTable",
     "check_value",
@@ -34,6 +35,21 @@ __all__ = [
     "same_release",
     "vllm_version_of",
 ]
+
+# `autotune sim serve`'s own flags (dests): never part of a real `vllm serve` command
+SIM_ONLY_FLAGS = frozenset(
+    {
+        "hardware",
+        "time_scale",
+        "sim_seed",
+        "sim_startup_delay",
+        "sim_jitter_cv",
+        "sim_request_log",
+        "sim_other_tenant_gib",
+        "sim_stats_interval",
+        "sim_dump_env",
+    }
+)
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?(?:[.+-][0-9A-Za-z.+-]*)?)\s*$")

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from autotune.config import StudyConfig
+from autotune.profiles.flags import SIM_ONLY_FLAGS
 from autotune.redact import mask_argv, mask_command, mask_text
 from autotune.report.levels import export_level
 from autotune.store import RepeatRecord, StudyRecord, TrialRecord
@@ -49,20 +50,6 @@ __all__ = [
     "validation_columns",
     "why_infeasible",
 ]
-
-# sim-only flags never belong in a real `vllm serve` command
-_SIM_ONLY = {
-    "hardware",
-    "time_scale",
-    "sim_seed",
-    "sim_startup_delay",
-    "sim_jitter_cv",
-    "sim_request_log",
-    "sim_other_tenant_gib",
-    "sim_stats_interval",
-    "sim_dump_env",
-}
-
 
 BEST_SCHEMA = "autotune.study-best/1"
 
@@ -196,7 +183,7 @@ def recommend(
             return None
         slo = Slo.of(cfg.slo)
         best = max(feasible, key=lambda t: (*record_rank(cfg.mode, slo, t), -t.optuna_trial_number))
-    static = {k: v for k, v in cfg.worker.static_args.items() if k not in _SIM_ONLY}
+    static = {k: v for k, v in cfg.worker.static_args.items() if k not in SIM_ONLY_FLAGS}
     name = cfg.model.served_name
     argv = vllm_argv(
         ["vllm"],
