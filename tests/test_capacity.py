@@ -27,6 +27,7 @@ from autotune.sim import jitter_seed
 from autotune.store import Store
 from autotune.tuning import controller
 from autotune.tuning.capacity import CapacitySearch, Lattice
+from autotune.tuning.events import Event, LevelStart, TrialDone, TrialStart
 from autotune.tuning.runners import LevelOutcome, StartInfo, VirtualRunner
 from autotune.tuning.scoring import LevelScore, Violation
 from autotune.workload.build import build_workload
@@ -373,25 +374,25 @@ def test_one_replica_short_names_the_replicas_needed(tmp_path: Path) -> None:
 
 def test_trial_numbers_are_optunas_after_a_resume(tmp_path: Path) -> None:
     cfg, text = config(strategy={"name": "joint", "n_trials": 4})
-    events: list[tuple[str, dict[str, Any]]] = []
+    events: list[Event] = []
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
         controller.create_study(cfg, text, store)
         controller.run_study("t", store, n_trials=2)
 
-        def interrupt(kind: str, d: Any) -> None:
-            if kind == "level_start":
+        def interrupt(e: Event) -> None:
+            if isinstance(e, LevelStart):
                 raise KeyboardInterrupt
 
         with pytest.raises(KeyboardInterrupt):
             controller.run_study("t", store, on_event=interrupt)
-        controller.run_study("t", store, on_event=lambda k, d: events.append((k, d)))
+        controller.run_study("t", store, on_event=events.append)
         trials = store.trials("t")
-    starts = [d for k, d in events if k == "trial_start"]
+    starts = [e for e in events if isinstance(e, TrialStart)]
     # trial 2 was interrupted (FAIL): the resumed run goes on with Optuna's 3 and 4, the
     # 3rd and 4th complete trials of a plan of 4, never "trial 5 of 4"
-    assert [d["number"] for d in starts] == [3, 4]
-    assert [d["position"] for d in starts] == [(3, 4), (4, 4)]
+    assert [e.number for e in starts] == [3, 4]
+    assert [e.position for e in starts] == [(3, 4), (4, 4)]
     assert [t.optuna_trial_number for t in trials] == [0, 1, 2, 3, 4]
     assert trials[2].state == "FAIL"
-    done = [d for k, d in events if k == "trial_done"]
-    assert [d["number"] for d in done] == [3, 4]
+    done = [e for e in events if isinstance(e, TrialDone)]
+    assert [e.number for e in done] == [3, 4]

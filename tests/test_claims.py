@@ -27,6 +27,7 @@ from autotune.store import Store, TrialRecord
 from autotune.store.models import ControllerRow
 from autotune.tuning.claims import Done, Wait, decide, stage_order
 from autotune.tuning.controller import _bounds_from_json, create_study, run_study
+from autotune.tuning.events import Event, LevelStart
 from autotune.tuning.recovery import claim_key
 from autotune.tuning.space import SpaceBounds, suggest
 from autotune.tuning.stopping import Interrupted, stop_on_signals
@@ -167,8 +168,8 @@ def test_heartbeats_come_from_a_thread_while_the_event_loop_is_blocked(store: St
     create_study(cfg, text, store)
     seen: list[float] = []
 
-    def block(kind: str, d: Any) -> None:
-        if kind == "level_start" and not seen:
+    def block(e: Event) -> None:
+        if isinstance(e, LevelStart) and not seen:
             (c,) = store.fleet().controllers("t")
             seen.append(c.heartbeat_age_s)
             time.sleep(2.5)  # what a long simulation does to the loop

@@ -30,6 +30,7 @@ from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.store import Store, TrialRecord
 from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.events import Event, RunStart
 from autotune.tuning.lanes import LanePlan, parse_devices, plan_lanes, world_size
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -215,8 +216,8 @@ def test_two_controllers_with_lanes_share_one_study_exactly(tmp_path: Path) -> N
 
     both = threading.Barrier(2, timeout=60)
 
-    def started(kind: str, _d: Any) -> None:
-        if kind == "run_start":  # registered and recovered: both claim from here on
+    def started(e: Event) -> None:
+        if isinstance(e, RunStart):  # registered and recovered: both claim from here on
             both.wait()
 
     def host(_: int) -> int:

@@ -22,6 +22,7 @@ from autotune.report.dashboard import constraint_order
 from autotune.store import Store, TrialRecord
 from autotune.telemetry import KINDS
 from autotune.tuning.controller import _bounds_from_json, create_study, run_study
+from autotune.tuning.events import Event, LevelProgress, LevelStart
 from autotune.tuning.scoring import CONSTRAINT_NAMES
 from autotune.tuning.space import PARAM_ORDER, suggest
 from autotune.tuning.stages import Stage, stage_plan
@@ -182,8 +183,8 @@ def test_run_resumes_and_interrupted_trials_fail_cleanly(store: Store) -> None:
     create_study(cfg, text, store)
     assert run_study("t", store, n_trials=2).trials_run == 2
 
-    def interrupt(kind: str, d: Any) -> None:
-        if kind == "level_start":
+    def interrupt(e: Event) -> None:
+        if isinstance(e, LevelStart):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -351,13 +352,13 @@ def test_sim_worker_study_runs_the_full_process_path(store: Store, tmp_path: Pat
         strategy={"name": "joint", "n_trials": 3},
     )
     create_study(cfg, text, store)
-    events: list[tuple[str, Any]] = []
-    run_study("t", store, on_event=lambda k, d: events.append((k, d)))
+    events: list[Event] = []
+    run_study("t", store, on_event=events.append)
     trials = store.trials("t")
     assert len(trials) == 3
     # live replay progress reaches the caller while a level runs
-    live = [d for k, d in events if k == "level_progress"]
-    assert live and live[-1]["planned"] == 40 and live[-1]["sent"] <= 40
+    live = [e for e in events if isinstance(e, LevelProgress)]
+    assert live and live[-1].planned == 40 and live[-1].sent <= 40
     ok, bad = trials[0], trials[1]
     assert ok.failure_class is None and ok.levels[0].completed == 40
     assert ok.levels[0].metrics["warmup_requests"] == 3  # sent first, not measured

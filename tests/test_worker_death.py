@@ -28,6 +28,7 @@ from autotune.sim.engine import Engine
 from autotune.sim.server import SimServer
 from autotune.store import Store
 from autotune.tuning.controller import create_study
+from autotune.tuning.events import Event, LevelProgress, WorkerDied
 from autotune.tuning.plan import baseline_engine_args
 from autotune.tuning.runners import HttpRunner, make_runner
 from autotune.tuning.trial import TrialSetup, run_trial
@@ -228,11 +229,11 @@ async def test_a_trial_keeps_the_partial_level_and_the_cause(
         runner = make_runner(cfg, model, get_hardware(cfg.hardware), tmp_path / "w")
         assert isinstance(runner, HttpRunner)
         killed: list[float] = []
-        events: list[tuple[str, Any]] = []
+        events: list[Event] = []
 
-        def on_event(kind: str, d: Any) -> None:
-            events.append((kind, d))
-            if kind == "level_progress" and d["completed"] >= 4 and not killed:
+        def on_event(e: Event) -> None:
+            events.append(e)
+            if isinstance(e, LevelProgress) and e.completed >= 4 and not killed:
                 (pid,) = _children_serving()
                 killed.append(time.perf_counter())
                 os.kill(pid, sig)
@@ -265,8 +266,8 @@ async def test_a_trial_keeps_the_partial_level_and_the_cause(
             assert f"killed by {signal_name}" in death.message and stored["log_line"] == ""
         else:
             assert "EngineDeadError" in tail and stored["log_line"]
-        died = [d for k, d in events if k == "worker_died"]
-        assert len(died) == 1 and died[0]["message"].split(";")[0] == death.message
+        died = [e for e in events if isinstance(e, WorkerDied)]
+        assert len(died) == 1 and died[0].message.split(";")[0] == death.message
 
 
 def test_progress_line_names_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
@@ -274,14 +275,6 @@ def test_progress_line_names_the_reason(capsys: pytest.CaptureFixture[str]) -> N
     from autotune.cli.study import _progress
 
     on_event = _progress()
-    on_event(
-        "worker_died",
-        {
-            "number": 0,
-            "scale": 1.0,
-            "failure_class": "ENGINE_DEAD",
-            "message": "API server (pid 7) killed by SIGKILL",
-        },
-    )
+    on_event(WorkerDied(0, 1.0, "ENGINE_DEAD", "API server (pid 7) killed by SIGKILL"))
     out = capsys.readouterr().out
     assert "worker died (ENGINE_DEAD): API server (pid 7) killed by SIGKILL" in out

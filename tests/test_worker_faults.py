@@ -12,12 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers import free_port
 
 from autotune.failures import FailureClass, FailureMatch
+from autotune.tuning.events import Event, LevelProgress, WorkerDied
 from autotune.workers.cause import death_class
 from autotune.workers.stall import StallWatch, proc_state
 from autotune.workers.supervisor import WorkerLaunchError
@@ -226,10 +226,7 @@ def test_proc_state_reads_state_and_cpu_ticks() -> None:
 def test_the_progress_line_says_hung_not_died(capsys: pytest.CaptureFixture[str]) -> None:
     from autotune.cli.study import _progress
 
-    _progress()(
-        "worker_died",
-        {"number": 0, "scale": 1.0, "failure_class": "HUNG", "message": "API server hung"},
-    )
+    _progress()(WorkerDied(0, 1.0, "HUNG", "API server hung"))
     out = capsys.readouterr().out
     assert "worker hung (HUNG): API server hung" in out and "died" not in out
 
@@ -259,8 +256,8 @@ def test_a_study_retries_a_trial_whose_worker_was_killed_and_takes_the_retrys_ve
     )
     killed: list[int] = []
 
-    def on_event(kind: str, d: Any) -> None:
-        if kind == "level_progress" and d["completed"] >= 2 and not killed:
+    def on_event(e: Event) -> None:
+        if isinstance(e, LevelProgress) and e.completed >= 2 and not killed:
             (pid,) = _children_serving()
             killed.append(pid)
             os.kill(pid, signal.SIGKILL)

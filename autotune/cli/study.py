@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -37,6 +37,21 @@ from autotune.report.tables import list_json, list_table, show_json, show_rows, 
 from autotune.store import NoDatabaseError, Store, StudyRecord, resolve_url
 from autotune.store.db import ENV_VAR
 from autotune.tuning.controller import create_study, load_study_config, run_study
+from autotune.tuning.events import (
+    Event,
+    LevelDone,
+    LevelProgress,
+    OnEvent,
+    RunStart,
+    TrialAbandoned,
+    TrialDone,
+    TrialStart,
+    ValidationRunDone,
+    ValidationStart,
+    Waiting,
+    WorkerDied,
+    WorkerFailed,
+)
 from autotune.tuning.interval import summary_of
 from autotune.tuning.lanes import parse_devices, plan_lanes
 from autotune.tuning.status import study_plan, study_status
@@ -184,88 +199,92 @@ def _rate(rps: float | None) -> str:
     return f" ({rps:,.2f} req/s)" if rps is not None else ""
 
 
-def _progress() -> Any:
+def _progress() -> OnEvent:
     """Progress lines. Trial numbers are Optuna's (0-based, as `study show` and `best` print
     them); "k of n" counts complete trials against the plan."""
     out = console()
 
-    def on_event(kind: str, d: Any) -> None:
+    def on_event(e: Event) -> None:
         # a parallel run's lines name their trial and devices: the lanes' lines interleave
-        lane = f"trial {d.get('number')} on gpu {d['devices']}: " if "lane" in d else ""
-        if kind == "run_start":
-            limit = f", stops after {d['timeout_s']:,.0f} s" if d.get("timeout_s") else ""
-            lanes = d.get("lanes")
-            par = f"; {len(lanes)} at a time on gpu {' | '.join(lanes)}" if lanes else ""
-            out.print(f"plan: {d['planned']} trials ({d['done']} done{limit}{par})")
-            for line in d.get("recovered") or ():  # what dead runs left, and how it was fixed
-                out.print(f"recovered: {escape(line)}")
-        elif kind == "waiting":  # other controllers run the rest of the stage
-            out.print(f"waiting: {escape(d['reason'])}")
-        elif kind == "trial_abandoned":
-            print(f"{d['line']}", file=sys.stderr)
-        elif kind == "trial_start":
-            ea = d["engine_args"]
-            pos = d.get("position")
-            of = f" ({pos[0]} of {pos[1]})" if pos else ""
-            on = f" on gpu {d['devices']}" if "lane" in d else ""
-            out.print(
-                f"[bold]trial {d['number']}{of}[/bold]{on} {escape('[' + d['stage'] + ']')} "
-                f"max_model_len={ea['max_model_len']} "
-                f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
-                f"max_num_seqs={ea['max_num_seqs']} "
-                f"max_num_batched_tokens={ea['max_num_batched_tokens']}"
-            )
-        elif kind == "level_progress" and out.is_terminal and not lane:  # live replay (HTTP)
-            p99 = f"{d['p99_ttft_ms']:,.0f} ms" if d["p99_ttft_ms"] is not None else "-"
-            out.print(
-                f"    load x{d['scale']:.3f}: sent {d['sent']}/{d['planned']}, completed "
-                f"{d['completed']}, failed {d['failed']}, p99 TTFT so far {p99}",
-                end="\r",
-            )
-        elif kind == "level_done":
-            m = d["metrics"]
-            verdict = "ok" if d["feasible"] else escape("; ".join(d["violations"]) or "violates")
-            verdict += stop_note(m.summary)  # docs/tuning.md#10-early-stop-inside-a-level
-            out.print(
-                f"    {lane}load x{d['scale']:.3f}{_rate(d.get('offered_rate'))}: "
-                f"{progress_figures(m)} -> {verdict}"
-            )
-        elif kind == "worker_failed":
-            out.print(f"    {lane}worker failed: {d['failure_class']}: {escape(d['message'])}")
-        elif kind == "worker_died":  # mid-level: the level stopped, its partial results kept
-            what = "hung" if d["failure_class"] == "HUNG" else "died"  # a hang is no death
-            out.print(
-                f"    {lane}load x{d['scale']:.2f}: worker {what} ({d['failure_class']}): "
-                f"{escape(d['message'])}; level stopped, partial results kept"
-            )
-        elif kind == "validation_start":
-            out.print(
-                f"validation: re-measuring the top configs and the baseline on fresh workload "
-                f"samples ({d['pending']} of {d['planned']} runs to go)"
-            )
-        elif kind == "validation_run_done":
-            res = d["result"]
-            fig = (
-                f"x{res.capacity_scale:.3f}"
-                if d["mode"] == "slo-capacity" and res.capacity_scale is not None
-                else f"{res.objective:,.0f} tok/s"
-                if res.objective is not None
-                else "-"
-            )
-            verdict = "ok" if res.slo_held else escape("; ".join(res.violations) or "violates")
-            out.print(
-                f"  repeat {d['repeat']} trial {d['trial']} {escape('[' + d['role'] + ']')} "
-                f"({d['done']} of {d['planned']}): {fig} -> {verdict}"
-            )
-        elif kind == "trial_done":
-            rec = d["record"]
-            if d["feasible"]:
-                cap = d.get("capacity_scale")
-                at = f" at x{cap:.3f}{_rate(capacity_rps(rec))}" if cap is not None else ""
-                out.print(f"  -> {lane}{d['objective']:,.1f} output tok/s{at}")
-            else:
-                why = why_infeasible(rec, d["mode"]) or "infeasible"
-                out.print(f"  -> {lane}infeasible: {escape(why)}")
+        lane = getattr(e, "lane", None)
+        tag = f"trial {getattr(e, 'number', None)} on gpu {lane.devices}: " if lane else ""
+        match e:
+            case RunStart():
+                limit = f", stops after {e.timeout_s:,.0f} s" if e.timeout_s else ""
+                lanes = e.lanes
+                par = f"; {len(lanes)} at a time on gpu {' | '.join(lanes)}" if lanes else ""
+                out.print(f"plan: {e.planned} trials ({e.done} done{limit}{par})")
+                for line in e.recovered:  # what dead runs left, and how it was fixed
+                    out.print(f"recovered: {escape(line)}")
+            case Waiting():  # other controllers run the rest of the stage
+                out.print(f"waiting: {escape(e.reason)}")
+            case TrialAbandoned():
+                print(f"{e.line}", file=sys.stderr)
+            case TrialStart():
+                ea = e.engine_args
+                pos = e.position
+                of = f" ({pos[0]} of {pos[1]})" if pos else ""
+                on = f" on gpu {lane.devices}" if lane else ""
+                out.print(
+                    f"[bold]trial {e.number}{of}[/bold]{on} {escape('[' + e.stage + ']')} "
+                    f"max_model_len={ea['max_model_len']} "
+                    f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
+                    f"max_num_seqs={ea['max_num_seqs']} "
+                    f"max_num_batched_tokens={ea['max_num_batched_tokens']}"
+                )
+            case LevelProgress() if out.is_terminal and not tag:  # live replay (HTTP)
+                p99 = f"{e.p99_ttft_ms:,.0f} ms" if e.p99_ttft_ms is not None else "-"
+                out.print(
+                    f"    load x{e.scale:.3f}: sent {e.sent}/{e.planned}, completed "
+                    f"{e.completed}, failed {e.failed}, p99 TTFT so far {p99}",
+                    end="\r",
+                )
+            case LevelDone():
+                m = e.metrics
+                verdict = "ok" if e.feasible else escape("; ".join(e.violations) or "violates")
+                verdict += stop_note(m.summary)  # docs/tuning.md#10-early-stop-inside-a-level
+                out.print(
+                    f"    {tag}load x{e.scale:.3f}{_rate(e.offered_rate)}: "
+                    f"{progress_figures(m)} -> {verdict}"
+                )
+            case WorkerFailed():
+                out.print(f"    {tag}worker failed: {e.failure_class}: {escape(e.message)}")
+            case WorkerDied():  # mid-level: the level stopped, its partial results kept
+                what = "hung" if e.failure_class == "HUNG" else "died"  # a hang is no death
+                out.print(
+                    f"    {tag}load x{e.scale:.2f}: worker {what} ({e.failure_class}): "
+                    f"{escape(e.message)}; level stopped, partial results kept"
+                )
+            case ValidationStart():
+                out.print(
+                    f"validation: re-measuring the top configs and the baseline on fresh "
+                    f"workload samples ({e.pending} of {e.planned} runs to go)"
+                )
+            case ValidationRunDone():
+                res = e.result
+                fig = (
+                    f"x{res.capacity_scale:.3f}"
+                    if e.mode == "slo-capacity" and res.capacity_scale is not None
+                    else f"{res.objective:,.0f} tok/s"
+                    if res.objective is not None
+                    else "-"
+                )
+                verdict = "ok" if res.slo_held else escape("; ".join(res.violations) or "violates")
+                out.print(
+                    f"  repeat {e.repeat} trial {e.trial} {escape('[' + e.role + ']')} "
+                    f"({e.done} of {e.planned}): {fig} -> {verdict}"
+                )
+            case TrialDone():
+                rec = e.record
+                if e.feasible:
+                    cap = e.capacity_scale
+                    at = f" at x{cap:.3f}{_rate(capacity_rps(rec))}" if cap is not None else ""
+                    out.print(f"  -> {tag}{e.objective:,.1f} output tok/s{at}")
+                else:
+                    why = why_infeasible(rec, e.mode) or "infeasible"
+                    out.print(f"  -> {tag}infeasible: {escape(why)}")
+            case _:  # level starts, validation runs starting and done: no line
+                pass
 
     return on_event
 

@@ -30,8 +30,8 @@ from autotune.profiles.models import get_model, load_model_config
 from autotune.report import dashboard
 from autotune.store import Store
 from autotune.tuning.controller import load_study_config, run_study
+from autotune.tuning.events import OnEvent
 from autotune.tuning.interval import summary_of
-from autotune.tuning.trial import Event
 from autotune.tuning.validate import candidates_of
 
 __all__ = ["NightlyResult", "current_config", "rollback", "run_nightly", "study_config_for"]
@@ -153,7 +153,7 @@ def run_nightly(
     *,
     skip_if_no_drift: bool = False,
     now: Callable[[], datetime] | None = None,
-    on_event: Event | None = None,
+    on_event: OnEvent | None = None,
 ) -> NightlyResult:
     """The job, under the deployment's lock (a second run raises BusyError at once)."""
     with held_lock(store, f"nightly:{cfg.deployment}", _lock_busy(cfg.deployment)):
@@ -165,7 +165,7 @@ def _run(
     store: Store,
     skip_if_no_drift: bool,
     now: datetime,
-    on_event: Event | None,
+    on_event: OnEvent | None,
 ) -> NightlyResult:
     model = (
         load_model_config(cfg.model.config_json, name=cfg.model.name)

@@ -27,8 +27,9 @@ from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.store import Store, StudyRecord
 from autotune.tuning import attrs
 from autotune.tuning.claims import Claimed, Done
+from autotune.tuning.events import OnEvent, RunStart, TrialAbandoned, on_lane
 from autotune.tuning.findings import trial_summary
-from autotune.tuning.lanes import LanePlan, RunBudget, lane_events, plan_lanes, run_lanes
+from autotune.tuning.lanes import LanePlan, RunBudget, plan_lanes, run_lanes
 from autotune.tuning.plan import (
     baseline_engine_args,
     build_bounds,
@@ -45,7 +46,7 @@ from autotune.tuning.space import (
 )
 from autotune.tuning.stopping import Interrupted, stop_on_signals
 from autotune.tuning.strategy import planned_total
-from autotune.tuning.trial import Event, TrialOutcome, TrialSetup, lattice_of, run_trial
+from autotune.tuning.trial import TrialOutcome, TrialSetup, lattice_of, run_trial
 from autotune.tuning.validate import ValidationOutcome, run_validation
 from autotune.workload.build import study_workload
 from autotune.workload.core import Workload
@@ -267,7 +268,7 @@ async def _run(
     hw: HardwareProfile,
     n_trials: int | None,
     timeout: float | None,
-    on_event: Event | None,
+    on_event: OnEvent | None,
     workdir: Path,
     plan: LanePlan | None = None,
     hooks: RunHooks | None = None,
@@ -334,7 +335,7 @@ async def _trials(
     hw: HardwareProfile,
     n_trials: int | None,
     timeout: float | None,
-    on_event: Event | None,
+    on_event: OnEvent | None,
     workdir: Path,
     session: ControllerSession,
     recovered: list[str],
@@ -349,14 +350,13 @@ async def _trials(
     planned = planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), first)
     if on_event is not None:
         on_event(
-            "run_start",
-            {
-                "planned": planned,
-                "done": sum(1 for t in first if t.state == TrialState.COMPLETE),
-                "timeout_s": timeout,
-                "recovered": recovered,  # what dead runs left, and how it was fixed
-                "lanes": [",".join(d) for d in plan.lanes] if plan is not None else None,
-            },
+            RunStart(
+                planned,
+                sum(1 for t in first if t.state == TrialState.COMPLETE),
+                timeout,
+                tuple(recovered),  # what dead runs left, and how it was fixed
+                tuple(",".join(d) for d in plan.lanes) if plan is not None else None,
+            )
         )
     assert session.claims is not None and session.recovery is not None
     claims, retried = session.claims, session.recovery.retried
@@ -378,7 +378,7 @@ async def _trials(
             )
             if devices not in setups:
                 runner = make_runner(cfg, model, hw, workdir, registry=session, gpus=devices)
-                emit = on_event if plan is None else lane_events(on_event, index, devices)
+                emit = on_event if plan is None else on_lane(on_event, index, devices)
                 setups[devices] = TrialSetup(
                     cfg, runner, wl, store, cfg.name, emit, devices=devices
                 )
@@ -433,7 +433,7 @@ async def _trials(
                 line = claims.abandon(got, why_failed)
                 session.released(got)
                 if line and setup.on_event is not None:
-                    setup.on_event("trial_abandoned", {"number": trial.number, "line": line})
+                    setup.on_event(TrialAbandoned(trial.number, line))
                 raise
             if out.retry is not None:
                 # its worker was killed from outside or hung: this attempt is no verdict; it
@@ -444,7 +444,7 @@ async def _trials(
                 session.released(got)
                 budget.release()
                 if line and setup.on_event is not None:
-                    setup.on_event("trial_abandoned", {"number": trial.number, "line": line})
+                    setup.on_event(TrialAbandoned(trial.number, line))
                 continue
             # constraints and attributes, then the trial's note (docs/report.md)
             attrs.write_trial_summary(study, trial, trial_summary(out, cfg), out.score.constraints)
@@ -494,7 +494,7 @@ async def _validate(
     model: ModelProfile,
     hw: HardwareProfile,
     workdir: Path,
-    on_event: Event | None,
+    on_event: OnEvent | None,
     t0: float,
     timeout: float | None,
     session: ControllerSession,
@@ -527,7 +527,7 @@ def run_study(
     *,
     n_trials: int | None = None,
     timeout: float | None = None,
-    on_event: Event | None = None,
+    on_event: OnEvent | None = None,
     workdir: Path | None = None,
     reset_running: bool = False,
     gpus: str | None = None,

@@ -33,7 +33,6 @@ __all__ = [
     "LanePlan",
     "RunBudget",
     "implied_per_trial",
-    "lane_events",
     "parse_devices",
     "plan_lanes",
     "run_lanes",
@@ -166,17 +165,6 @@ class RunBudget:
     def finished(self) -> None:
         with self._lock:
             self.ran += 1
-
-
-Event = Callable[[str, Mapping[str, Any]], None]
-
-
-def lane_events(on_event: Event | None, lane: int, devices: str | None) -> Event | None:
-    """A parallel run's events name the lane and the devices they come from."""
-    if on_event is None:
-        return None
-    tag = {"lane": lane, "devices": devices}
-    return lambda kind, d: on_event(kind, {**d, **tag})
 
 
 class _Lane:

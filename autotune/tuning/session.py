@@ -15,7 +15,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import optuna
 
@@ -24,6 +23,7 @@ from autotune.store import Store
 from autotune.store.resilience import secondary_failure
 from autotune.tuning import attrs
 from autotune.tuning.claims import Claimed, Claims, Wait
+from autotune.tuning.events import OnEvent, Waiting
 from autotune.tuning.heartbeat import Heartbeat
 from autotune.tuning.recovery import Recovery
 from autotune.tuning.space import SpaceBounds
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 
 _FIRST_IDLE_S = 0.2
 _MAX_IDLE_S = 2.0
-
-Emit = Callable[[str, dict[str, Any]], None]
 
 
 class ControllerSession:
@@ -138,7 +136,7 @@ class ControllerSession:
         if self.heartbeat is not None:
             self.heartbeat.discard(attrs.trial_id(c.trial))
 
-    async def idle(self, wait: Wait, emit: Emit | None, lane: int = 0) -> None:
+    async def idle(self, wait: Wait, emit: OnEvent | None, lane: int = 0) -> None:
         """Wait (with backoff) for running trials (other controllers', other lanes');
         counted as idle. The first lane to wait says why; the others wait silently."""
         with self._lock:
@@ -151,7 +149,7 @@ class ControllerSession:
             )
             self._delay[lane] = delay * 1.5
         if first and emit is not None:
-            emit("waiting", {"reason": wait.reason, "running": wait.running})
+            emit(Waiting(wait.reason, wait.running))
         t0 = time.monotonic()
         await asyncio.sleep(delay)
         waited = time.monotonic() - t0

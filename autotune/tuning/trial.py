@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -17,8 +17,19 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureClass
+from autotune.loadgen.runner import ProgressSnapshot
 from autotune.store import Store, TrialRecord
 from autotune.tuning.capacity import CapacitySearch, Lattice
+from autotune.tuning.events import (
+    LevelDone,
+    LevelProgress,
+    LevelStart,
+    OnEvent,
+    TrialDone,
+    TrialStart,
+    WorkerDied,
+    WorkerFailed,
+)
 from autotune.tuning.outcome import level_record
 from autotune.tuning.runners import Runner, only_overlength
 from autotune.tuning.scoring import (
@@ -33,11 +44,9 @@ from autotune.tuning.scoring import (
 from autotune.workers.cause import RETRYABLE
 from autotune.workload.core import Workload
 
-__all__ = ["Event", "TrialOutcome", "TrialSetup", "lattice_of", "level_record", "run_trial"]
+__all__ = ["TrialOutcome", "TrialSetup", "lattice_of", "level_record", "run_trial"]
 
 log = logging.getLogger(__name__)
-
-Event = Callable[[str, Mapping[str, Any]], None]
 
 
 @dataclass
@@ -47,7 +56,7 @@ class TrialSetup:
     workload: Workload
     store: Store
     study_name: str
-    on_event: Event | None = None
+    on_event: OnEvent | None = None
     # slo-capacity: a lattice point to start the search from. None (what studies use): the
     # canonical search from the lattice's ends, the same for every trial
     # (docs/tuning.md#1-the-capacity-lattice).
@@ -82,7 +91,7 @@ async def _replay(
     (appended to ``levels`` and ``rec.levels``). slo-capacity: the lattice search; other
     modes: one level at 1.0x. Returns the search and the failure class if the worker died."""
     cfg, runner, store = setup.cfg, setup.runner, setup.store
-    emit = setup.on_event or (lambda _k, _d: None)
+    emit = setup.on_event or (lambda _e: None)
     assert rec.id is not None
     lattice = lattice_of(cfg)
     search = (
@@ -101,21 +110,10 @@ async def _replay(
             if k is None:
                 break
             scale = lattice.scale(k)
-        emit("level_start", {"number": number, "scale": scale})
+        emit(LevelStart(number, scale))
 
-        def live(p: Any, n: int = number, sc: float = scale) -> None:
-            emit(
-                "level_progress",
-                {
-                    "number": n,
-                    "scale": sc,
-                    "sent": p.sent,
-                    "planned": p.planned,
-                    "completed": p.completed,
-                    "failed": p.failed,
-                    "p99_ttft_ms": p.p99_ttft_ms,
-                },
-            )
+        def live(p: ProgressSnapshot, n: int = number, sc: float = scale) -> None:
+            emit(LevelProgress(n, sc, p.sent, p.planned, p.completed, p.failed, p.p99_ttft_ms))
 
         out = await runner.run_level(setup.workload, scale, progress=live)
         ls = score_level(
@@ -140,26 +138,13 @@ async def _replay(
             tail = f"{head}\n{context[-(7999 - len(head)) :]}"
             store.update_trial(rec.id, failure_class=failure, log_tail=tail)
             rec.log_tail = tail
-            emit(
-                "worker_died",
-                {"number": number, "scale": scale, "failure_class": failure, "message": dead.line},
-            )
+            emit(WorkerDied(number, scale, failure, dead.line))
             return search, failure
         lvl = level_record(len(levels), out, ls)
         lvl.id = store.add_level(rec.id, lvl)
         rec.levels.append(lvl)
         levels.append(ls)
-        emit(
-            "level_done",
-            {
-                "number": number,
-                "scale": scale,
-                "offered_rate": out.offered_rate,
-                "feasible": ls.feasible,
-                "metrics": out.metrics,
-                "violations": ls.texts,
-            },
-        )
+        emit(LevelDone(number, scale, out.offered_rate, ls.feasible, out.metrics, ls.texts))
         if search is not None and k is not None:
             search.record(k, ls.feasible)
             if only_overlength(ls):
@@ -183,7 +168,7 @@ async def run_trial(
     (``KILLED``, ``HUNG``) ends this attempt FAIL with :attr:`TrialOutcome.retry` set
     instead of being its verdict."""
     cfg, runner, store = setup.cfg, setup.runner, setup.store
-    emit = setup.on_event or (lambda _k, _d: None)
+    emit = setup.on_event or (lambda _e: None)
     rec = TrialRecord(
         study_name=setup.study_name,
         optuna_trial_number=number,
@@ -198,16 +183,7 @@ async def run_trial(
         devices=setup.devices,
     )
     rec.id = store.add_trial(rec)
-    emit(
-        "trial_start",
-        {
-            "number": number,
-            "stage": stage,
-            "engine_args": dict(engine_args),
-            # (k, n): the k-th complete trial of the n the plan holds
-            "position": position,
-        },
-    )
+    emit(TrialStart(number, stage, dict(engine_args), position))
     failure: str | None = None
     levels: list[LevelScore] = []
     search: CapacitySearch | None = None
@@ -228,14 +204,7 @@ async def run_trial(
             rec.failure_class, rec.log_tail = failure, tail[-8000:]
             for k, v in known.items():
                 setattr(rec, k, v)
-            emit(
-                "worker_failed",
-                {
-                    "number": number,
-                    "failure_class": failure,
-                    "message": str(exc).splitlines()[0][:300],
-                },
-            )
+            emit(WorkerFailed(number, failure, str(exc).splitlines()[0][:300]))
         else:
             rec.launch_command, rec.launch_argv = info.command, list(info.argv)
             rec.startup_s, rec.kv_cache_tokens = info.startup_s, info.kv_cache_tokens
@@ -285,19 +254,18 @@ async def run_trial(
         finished_at=rec.finished_at,
     )
     emit(
-        "trial_done",
-        {
-            "number": number,
-            "stage": stage,
-            "objective": score.objective,
-            "feasible": score.feasible,
-            "failure_class": failure,
-            "capacity_scale": score.capacity_scale,
-            "capacity_status": capacity.status if capacity is not None else None,
-            "constraints": score.constraints,
-            "mode": cfg.mode,
-            "record": rec,
-        },
+        TrialDone(
+            number,
+            stage,
+            score.objective,
+            score.feasible,
+            failure,
+            score.capacity_scale,
+            capacity.status if capacity is not None else None,
+            score.constraints,
+            cfg.mode,
+            rec,
+        )
     )
     return TrialOutcome(score, rec, failure)
 

@@ -29,6 +29,13 @@ from autotune.errors import StorageError, WorkerStartupError
 from autotune.store import RepeatRecord, Store, TrialRecord
 from autotune.tuning.attrs import VALIDATION_KEY as VALIDATION_ATTR  # the study attribute
 from autotune.tuning.capacity import Lattice
+from autotune.tuning.events import (
+    OnEvent,
+    ValidationDone,
+    ValidationRunDone,
+    ValidationRunStart,
+    ValidationStart,
+)
 from autotune.tuning.interval import ValidationSummary, summary_of
 from autotune.tuning.runners import HttpRunner, LevelOutcome, Runner, capacity_search
 from autotune.tuning.scoring import Slo, record_rank, score_level, worst_slo_margin
@@ -49,7 +56,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, Mapping[str, Any]], None]
 # a runner for one validation run, given the run's jitter seed
 RunnerFactory = Callable[[int], Runner]
 
@@ -286,20 +292,20 @@ async def run_validation(
     make_runner: RunnerFactory,
     vocab_size: int,
     deadline: float | None = None,
-    on_event: Emit | None = None,
+    on_event: OnEvent | None = None,
     publish: Callable[[dict[str, Any]], None] | None = None,
 ) -> ValidationOutcome:
     """Plan the phase (once per study), run its pending runs in order until done or
     ``deadline`` (``time.monotonic()``), and ``publish`` the summary once complete."""
     if not cfg.strategy.validate_.enabled:
         return ValidationOutcome(0, None, None)
-    emit = on_event or (lambda _k, _d: None)
+    emit = on_event or (lambda _e: None)
     runs = _plan(cfg, store, name)
     if not runs:
         return ValidationOutcome(0, None, None)
     pending = [r for r in runs if r.state == "PENDING"]
     if pending:
-        emit("validation_start", {"planned": len(runs), "pending": len(pending)})
+        emit(ValidationStart(len(runs), len(pending)))
     sample: tuple[int, Workload] | None = None
     made, stopped = 0, None
     for rec in pending:
@@ -314,7 +320,7 @@ async def run_validation(
                 rec.workload_seed,
                 workload_sample(cfg, rec.workload_seed, vocab_size=vocab_size)[0],
             )
-        emit("validation_run_start", {"repeat": rec.repeat_index, "trial": rec.trial_number})
+        emit(ValidationRunStart(rec.repeat_index, rec.trial_number))
         runner = make_runner(rec.jitter_seed)
         if isinstance(runner, HttpRunner):
             # the length guard protects the study's max_model_len sizing, which a fresh sample
@@ -349,20 +355,19 @@ async def run_validation(
         )
         made += 1
         emit(
-            "validation_run_done",
-            {
-                "repeat": rec.repeat_index,
-                "trial": rec.trial_number,
-                "role": rec.role,
-                "done": len(runs) - len(pending) + made,
-                "planned": len(runs),
-                "result": res,
-                "mode": cfg.mode,
-            },
+            ValidationRunDone(
+                rec.repeat_index,
+                rec.trial_number,
+                rec.role,
+                len(runs) - len(pending) + made,
+                len(runs),
+                res,
+                cfg.mode,
+            )
         )
     summary = summary_of(cfg, store.repeats(name), store.trials(name))
     if summary is not None and summary.complete:
         if publish is not None:
             publish(summary.to_dict())
-        emit("validation_done", {"summary": summary})
+        emit(ValidationDone(summary))
     return ValidationOutcome(made, stopped, summary)

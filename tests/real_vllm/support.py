@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.failures import FailureMatch
 from autotune.workers import VllmWorker, WorkerInfo
-from autotune.workers.watch import WorkerDeath
+from autotune.workers.watch import DeathReport, WorkerDeath
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -183,7 +183,7 @@ class AdoptedWorker:
     def death(self) -> WorkerDeath | None:
         return self.worker.death()
 
-    def death_report(self) -> dict[str, Any] | None:
+    def death_report(self) -> DeathReport | None:
         return self.worker.death_report()
 
     def failure(self) -> FailureMatch | None:

@@ -28,6 +28,7 @@ from autotune.loadgen.bench import run_bench
 from autotune.profiles.models import get_model
 from autotune.store import Store
 from autotune.tuning.controller import create_study
+from autotune.tuning.events import Event, LevelProgress
 from autotune.tuning.runners import HttpRunner
 from autotune.tuning.trial import TrialSetup, run_trial
 from autotune.workload.build import study_workload
@@ -93,8 +94,8 @@ async def _kill_mid_level(
         )
         killed: list[float] = []
 
-        def on_event(kind: str, d: Any) -> None:
-            if kind == "level_progress" and d["completed"] >= 3 and not killed:
+        def on_event(e: Event) -> None:
+            if isinstance(e, LevelProgress) and e.completed >= 3 and not killed:
                 killed.append(time.perf_counter())
                 os.kill(victim, signal.SIGKILL)
 

@@ -1,0 +1,210 @@
+"""What a study run tells its watcher as it goes: one frozen record per kind of event.
+
+The controller, the trial, the session and the validation phase emit them; the CLI renders
+them (``autotune study run``'s progress lines), tests and the nightly job watch them. Trial
+numbers are Optuna's. An event from a lane of a parallel run (docs/parallel.md#2-lanes) names
+that lane and its devices in ``lane``, so the lanes' interleaved lines can say whose they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.loadgen.level import LevelMetrics
+    from autotune.store import TrialRecord
+    from autotune.tuning.interval import ValidationSummary
+    from autotune.tuning.validate import RunResult
+
+__all__ = [
+    "Event",
+    "Lane",
+    "LevelDone",
+    "LevelProgress",
+    "LevelStart",
+    "OnEvent",
+    "RunStart",
+    "TrialAbandoned",
+    "TrialDone",
+    "TrialStart",
+    "ValidationDone",
+    "ValidationRunDone",
+    "ValidationRunStart",
+    "ValidationStart",
+    "Waiting",
+    "WorkerDied",
+    "WorkerFailed",
+    "on_lane",
+]
+
+
+@dataclass(frozen=True)
+class Lane:
+    """The lane of a parallel run an event comes from, and its devices."""
+
+    index: int
+    devices: str | None
+
+
+@dataclass(frozen=True)
+class _OfTrial:
+    """An event of one trial; ``lane`` set in a parallel run."""
+
+    number: int
+    lane: Lane | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """The run's plan: ``planned`` trials, ``done`` of them complete; what dead runs left and
+    how it was fixed (``recovered``); the lanes' devices in a parallel run."""
+
+    planned: int
+    done: int
+    timeout_s: float | None
+    recovered: tuple[str, ...] = ()
+    lanes: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Nothing to claim until other controllers' (or lanes') running trials complete."""
+
+    reason: str
+    running: int
+
+
+@dataclass(frozen=True)
+class TrialAbandoned(_OfTrial):
+    """A claimed trial given up and queued again; ``line`` says why."""
+
+    line: str
+
+
+@dataclass(frozen=True)
+class TrialStart(_OfTrial):
+    """``position``: (k, n), the k-th complete trial of the n the plan holds."""
+
+    stage: str
+    engine_args: Mapping[str, Any]
+    position: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class LevelStart(_OfTrial):
+    scale: float
+
+
+@dataclass(frozen=True)
+class LevelProgress(_OfTrial):
+    """A live replay's counts so far (HTTP runners)."""
+
+    scale: float
+    sent: int
+    planned: int
+    completed: int
+    failed: int
+    p99_ttft_ms: float | None
+
+
+@dataclass(frozen=True)
+class LevelDone(_OfTrial):
+    scale: float
+    offered_rate: float | None
+    feasible: bool
+    metrics: LevelMetrics
+    violations: list[str]
+
+
+@dataclass(frozen=True)
+class WorkerFailed(_OfTrial):
+    """The worker did not start."""
+
+    failure_class: str
+    message: str
+
+
+@dataclass(frozen=True)
+class WorkerDied(_OfTrial):
+    """The worker died (or hung) under load: the level stopped, its partial results kept."""
+
+    scale: float
+    failure_class: str
+    message: str
+
+
+@dataclass(frozen=True)
+class TrialDone(_OfTrial):
+    stage: str
+    objective: float
+    feasible: bool
+    failure_class: str | None
+    capacity_scale: float | None
+    capacity_status: str | None
+    constraints: Mapping[str, float]
+    mode: str
+    record: TrialRecord
+
+
+@dataclass(frozen=True)
+class ValidationStart:
+    planned: int
+    pending: int
+
+
+@dataclass(frozen=True)
+class ValidationRunStart:
+    repeat: int
+    trial: int
+
+
+@dataclass(frozen=True)
+class ValidationRunDone:
+    """One re-measurement done: ``done`` of ``planned`` runs."""
+
+    repeat: int
+    trial: int
+    role: str
+    done: int
+    planned: int
+    result: RunResult
+    mode: str
+
+
+@dataclass(frozen=True)
+class ValidationDone:
+    summary: ValidationSummary
+
+
+Event = (
+    RunStart
+    | Waiting
+    | TrialAbandoned
+    | TrialStart
+    | LevelStart
+    | LevelProgress
+    | LevelDone
+    | WorkerFailed
+    | WorkerDied
+    | TrialDone
+    | ValidationStart
+    | ValidationRunStart
+    | ValidationRunDone
+    | ValidationDone
+)
+OnEvent = Callable[[Event], None]
+
+
+def on_lane(on_event: OnEvent | None, lane: int, devices: str | None) -> OnEvent | None:
+    """A parallel run's trial events name the lane and the devices they come from."""
+    if on_event is None:
+        return None
+    tag = Lane(lane, devices)
+
+    def emit(e: Event) -> None:
+        on_event(dataclasses.replace(e, lane=tag) if isinstance(e, _OfTrial) else e)
+
+    return emit
