@@ -1,4 +1,4 @@
-"""Shared test set-up: Hypothesis profiles and the service-availability rule.
+"""Shared test set-up: Hypothesis profiles, the service-availability fixture, the fault ledger.
 
 Hypothesis deadlines are off in both profiles: CI and developer machines have two busy cores,
 where wall-clock deadlines fail at random. CI also derandomizes, so a red run is reproducible.
@@ -12,31 +12,17 @@ from collections.abc import Callable
 
 import pytest
 from hypothesis import settings
+from support.services import in_ci, need_service
+from support.tiers import tier_marks
+
+# Fixtures several modules use (tests/support/): the fake OpenAI server, a real Prometheus.
+pytest_plugins = ["support.fake_server", "support.prometheus"]
 
 settings.register_profile("ci", deadline=None, derandomize=True, max_examples=50)
 settings.register_profile("dev", deadline=None, max_examples=30)
 
 
-def in_ci() -> bool:
-    """True when running under CI (``.ci/run`` exports ``CI=true``)."""
-    return os.environ.get("CI", "").lower() in ("true", "1")
-
-
 settings.load_profile("ci" if in_ci() else "dev")
-
-
-def need_service(name: str, available: bool, reason: str) -> None:
-    """Gate a test on an external service (PostgreSQL, Prometheus, ...).
-
-    In CI a missing service is a broken CI set-up, not a reason to skip: ``.ci/run`` starts
-    every service the tests need, so the test fails and says so. Elsewhere it is skipped
-    with a one-line reason, so a developer without the service still gets a green suite.
-    """
-    if available:
-        return
-    if in_ci():
-        pytest.fail(f"{name} is required with CI=true but unavailable: {reason}", pytrace=False)
-    pytest.skip(f"{name} unavailable: {reason}")
 
 
 @pytest.fixture
@@ -50,8 +36,11 @@ def require_service() -> Callable[[str, bool, str], None]:
 CONFIG_FIELDS_OUT = "AUTOTUNE_CONFIG_FIELDS_OUT"
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m/-k deselect: every collected test counts
+@pytest.hookimpl(tryfirst=True)  # before -m/-k deselect: tiers and config fields see them all
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # the smoke and slow tiers (tests/support/tiers.py)
+        for name in tier_marks(item.nodeid):
+            item.add_marker(name)
     out = os.environ.get(CONFIG_FIELDS_OUT)
     if not out:
         return
@@ -65,10 +54,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The fault ledger (tests/ledger.py), when the fault group ran."""
+    """The fault ledger (tests/support/ledger.py), when the fault group ran."""
     import sys
 
-    ledger = sys.modules.get("ledger")
+    ledger = sys.modules.get("support.ledger")
     rows = getattr(ledger, "ROWS", None)
     if ledger is None or not rows:
         return

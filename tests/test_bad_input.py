@@ -1,5 +1,6 @@
-"""Every case of the bad-input catalogue (tests/bad_inputs.py): one ``error:`` line naming the
-field, file or flag, the documented exit status, and a database left exactly as it was."""
+"""Every case of the bad-input catalogue (tests/support/bad_inputs.py): one ``error:`` line
+naming the field, file or flag, the documented exit status, and a database left exactly as it
+was."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bad_inputs import BASE, CASES, EXISTING, Case, merged
+from support.bad_inputs import BASE, CASES, EXISTING, Case, merged
 
 from autotune import cli
 

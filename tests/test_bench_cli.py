@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from helpers import free_port
+from support.processes import free_port
 
 from autotune import cli
 from autotune.loadgen.tokens import clear_cache

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_study import config
+from support.studies import config
 from typer.testing import CliRunner
 
 from autotune.cli import app

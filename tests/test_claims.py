@@ -19,14 +19,15 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 from sqlalchemy import update
-from test_study import config
+from support.studies import config
 from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.store import Store, TrialRecord
 from autotune.store.models import ControllerRow
+from autotune.tuning.attrs import read_header
 from autotune.tuning.claims import Done, Wait, decide, stage_order
-from autotune.tuning.controller import _bounds_from_json, create_study, run_study
+from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.events import Event, LevelStart
 from autotune.tuning.recovery import claim_key
 from autotune.tuning.space import SpaceBounds, suggest
@@ -41,7 +42,7 @@ def store(tmp_path: Path) -> Any:
 
 def bounds_of(store: Store, name: str = "t") -> SpaceBounds:
     study = optuna.load_study(study_name=name, storage=store.optuna_storage())
-    return _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+    return read_header(study).bounds
 
 
 def trial(stage: str, state: TrialState = TrialState.COMPLETE, **params: Any) -> Any:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import need_service
+from support.services import need_service
 
 from autotune.config import parse_config
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from helpers import free_port
+from support.processes import free_port
 
 ROOT = Path(__file__).parents[1]
 

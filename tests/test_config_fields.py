@@ -23,7 +23,7 @@ import numpy as np
 import optuna
 import pytest
 from pydantic import BaseModel
-from test_study import config
+from support.studies import config
 
 from autotune.config import StudyConfig, parse_config
 from autotune.errors import ConfigError, WorkerStartupError
@@ -31,7 +31,8 @@ from autotune.loadgen.level import LevelMetrics
 from autotune.profiles.hardware import get_hardware
 from autotune.report.recommend import recommend
 from autotune.store import Store, TrialRecord
-from autotune.tuning.controller import _bounds_from_json, _model, create_study, run_study
+from autotune.tuning.attrs import read_header
+from autotune.tuning.controller import create_study, model_of, run_study
 from autotune.tuning.plan import build_bounds
 from autotune.tuning.runners import HttpRunner, VirtualRunner, make_runner
 from autotune.tuning.scoring import Slo, score_level
@@ -121,7 +122,7 @@ async def test_model_and_hardware_pick_the_simulated_engine(tmp_path: Path) -> N
         ("meta-llama/Llama-3.1-8B-Instruct", "L40S"),
     ):
         cfg, _ = config(model={"name": model}, hardware=hw)
-        r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+        r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
         info = await r.start({"max_model_len": 2048}, "t")
         assert info.command.startswith(f"vllm serve {model} ")
         kv[(model, hw)] = info.kv_cache_tokens
@@ -150,14 +151,14 @@ def test_config_json_overrides_the_profile(tmp_path: Path) -> None:
     }
     (folder / "config.json").write_text(json.dumps(hf))
     cfg, _ = config(model={"name": "mine", "config_json": str(folder)})
-    m = _model(cfg)
+    m = model_of(cfg)
     assert m.name == "mine" and m.num_layers == 12 and m.max_position_embeddings == 8192
 
 
 @field("model.served_name")
 def test_served_name_is_what_clients_ask_for(tmp_path: Path) -> None:
     cfg, _ = config(model={"served_name": "chat"}, worker={"kind": "sim"})
-    r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+    r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
     assert isinstance(r, HttpRunner) and r.model_name == "chat"
     best = TrialRecord(
         "t", 0, "baseline", "COMPLETE", {}, {"max_num_seqs": 8}, None, None, "sim", objective=1.0
@@ -284,7 +285,7 @@ async def test_vllm_worker_launches_what_the_config_says(tmp_path: Path) -> None
             "workdir": str(tmp_path / "w"),
         }
     )
-    r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path / "w")
+    r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path / "w")
     assert isinstance(r, HttpRunner) and r.kind == "vllm"
     t0 = time.monotonic()
     with pytest.raises(WorkerStartupError) as err:
@@ -297,14 +298,14 @@ async def test_vllm_worker_launches_what_the_config_says(tmp_path: Path) -> None
     assert argv[:2] == ["serve", cfg.model.name]
     assert argv[argv.index("--host") + 1] == "127.0.0.3"
     assert (tmp_path / "w" / "trial-0000" / "worker.log").exists()
-    vr = make_runner(config()[0], _model(cfg), get_hardware(cfg.hardware), tmp_path)
+    vr = make_runner(config()[0], model_of(cfg), get_hardware(cfg.hardware), tmp_path)
     assert isinstance(vr, VirtualRunner) and vr.kind == "sim-virtual"
 
 
 @field("worker.static_args")
 async def test_static_args_reach_every_launch(tmp_path: Path) -> None:
     cfg, _ = config(worker={"static_args": {"kv_cache_memory_bytes": 2 * 2**30}})
-    r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+    r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
     info = await r.start({"max_model_len": 2048}, "t")
     # 2 GiB of KV at 128 KiB per token
     assert info.kv_cache_tokens == 16384 and "--kv-cache-memory-bytes 2147483648" in info.command
@@ -315,7 +316,7 @@ async def test_jitter_cv_sets_the_step_noise(tmp_path: Path) -> None:
     out = {}
     for cv, seed in ((0.0, 0), (0.0, 1), (0.1, 0), (0.1, 1)):
         cfg, _ = config(worker={"jitter_cv": cv}, seed=seed, workload={"num_prompts": 60})
-        r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+        r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
         await r.start({}, "t")
         out[(cv, seed)] = (await r.run_level(build_workload(cfg.workload), 1.0)).metrics
     assert out[(0.0, 0)] == out[(0.0, 1)]  # no noise: the seed does not matter
@@ -326,7 +327,7 @@ async def test_jitter_cv_sets_the_step_noise(tmp_path: Path) -> None:
 @field("worker.sim_startup_delay_s")
 def test_sim_worker_flags_reach_the_simulated_server(tmp_path: Path) -> None:
     cfg, _ = config(worker={"kind": "sim", "time_scale": 25.0, "sim_startup_delay_s": 0.4})
-    r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+    r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
     assert isinstance(r, HttpRunner) and r.time_scale == 25.0
 
     async def start() -> float:
@@ -424,7 +425,7 @@ def test_closed_loop_concurrency(tmp_path: Path) -> None:
     assert wl.closed_loop_concurrency == 7 and wl.arrivals() is None
 
     async def peak() -> int:
-        r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+        r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
         await r.start({}, "t")
         m = await r.run_level(wl, 1.0)
         return int(m.metrics.summary["max_concurrent_requests"])
@@ -451,7 +452,7 @@ def test_warmup_requests_run_before_each_level_and_are_not_measured(tmp_path: Pa
 def test_peak_concurrency_sizes_the_max_num_seqs_range() -> None:
     cfg, _ = config(workload={"peak_concurrency": 90})
     wl = build_workload(cfg.workload)
-    b = build_bounds(cfg, _model(cfg), wl.profile(), 0)
+    b = build_bounds(cfg, model_of(cfg), wl.profile(), 0)
     assert b.mns_high == 180
 
 
@@ -461,7 +462,7 @@ def test_endpoint_decides_the_api(tmp_path: Path) -> None:
     # tests/test_prompt_lengths.py
     for endpoint in ("completions", "chat"):
         cfg, _ = config(worker={"kind": "sim"}, workload={"endpoint": endpoint})
-        r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+        r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
         assert isinstance(r, HttpRunner) and r.endpoint == endpoint
 
 
@@ -470,7 +471,7 @@ def test_env_passthrough_reaches_the_worker(tmp_path: Path, monkeypatch: Any) ->
     monkeypatch.setenv("MY_PLUGIN_TOKEN", "t")
     monkeypatch.setenv("OTHER_SECRET", "s")
     cfg, _ = config(worker={"kind": "sim", "env_passthrough": ["MY_PLUGIN_*"]})
-    r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+    r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
     assert isinstance(r, HttpRunner)
     env = worker_environment(os.environ, passthrough=r.worker.env_passthrough)
     assert env["MY_PLUGIN_TOKEN"] == "t" and "OTHER_SECRET" not in env
@@ -479,7 +480,7 @@ def test_env_passthrough_reaches_the_worker(tmp_path: Path, monkeypatch: Any) ->
 # -- search ----------------------------------------------------------------------------------
 def _bounds(**search: Any) -> Any:
     cfg, _ = config(search=search)
-    return build_bounds(cfg, _model(cfg), build_workload(cfg.workload).profile(), 100)
+    return build_bounds(cfg, model_of(cfg), build_workload(cfg.workload).profile(), 100)
 
 
 @field("search.max_model_len.low")
@@ -586,7 +587,7 @@ def test_stage_sizes(tmp_path: Path) -> None:
         run_study("t", store)
         trials = store.trials("t")
         study = optuna.load_study(study_name="t", storage=store.optuna_storage())
-        bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+        bounds = read_header(study).bounds
         plan = stage_plan(study.get_trials(), cfg.strategy, bounds)
     assert [s.name for s in plan][:5] == [*PARAM_ORDER, "joint"]
     assert [s.budget for s in plan][2:5] == [1, 1, 2]  # trials_per_stage, joint_refinement
@@ -658,7 +659,7 @@ async def test_prometheus_targets_and_scrape_interval(tmp_path: Path) -> None:
             "scrape_interval_s": 0.7,
         },
     )
-    r = make_runner(cfg, _model(cfg), get_hardware(cfg.hardware), tmp_path)
+    r = make_runner(cfg, model_of(cfg), get_hardware(cfg.hardware), tmp_path)
     assert isinstance(r, HttpRunner) and r.prom is not None
     assert r.prom.url.startswith("http://127.0.0.1:9") and r.scrape_interval_s == 0.7
     r.worker = _FakeWorker()  # type: ignore[assignment]
@@ -667,7 +668,7 @@ async def test_prometheus_targets_and_scrape_interval(tmp_path: Path) -> None:
     assert target[0]["targets"] == ["127.0.0.1:9999"]
     assert target[0]["labels"]["trial"] == "trial-0007"
     plain, _ = config(worker={"kind": "sim"})
-    pr = make_runner(plain, _model(plain), get_hardware(plain.hardware), tmp_path)
+    pr = make_runner(plain, model_of(plain), get_hardware(plain.hardware), tmp_path)
     assert isinstance(pr, HttpRunner) and pr.prom is None and pr.scrape_interval_s == 2.0
 
 

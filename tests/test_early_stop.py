@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_loadgen_net import Fake, Spec, fake  # noqa: F401  (the fake server fixture)
-from test_study import config
+from support.fake_server import Fake, Spec
+from support.studies import config
 
 from autotune.loadgen import run_load
 from autotune.loadgen.early_stop import StopRule, Tally, needed, stopped_summary
@@ -336,7 +336,7 @@ def test_config_switch_and_what_a_stopped_level_records(tmp_path: Path) -> None:
 
 # -- HTTP replays -------------------------------------------------------------------------
 async def test_http_replay_stops_once_requests_in_flight_age_past_the_ttft_slo(
-    fake: Fake,  # noqa: F811
+    fake: Fake,
 ) -> None:
     specs = [Spec(f"ok{i}", arrival=0.0) for i in range(10)]
     specs += [Spec(f"h{i}", prompt_text="hang", arrival=0.0) for i in range(10)]
@@ -353,7 +353,7 @@ async def test_http_replay_stops_once_requests_in_flight_age_past_the_ttft_slo(
 
 
 async def test_http_replay_stops_at_the_first_error_beyond_the_limit(
-    fake: Fake,  # noqa: F811
+    fake: Fake,
 ) -> None:
     specs = [Spec("e", prompt_text="500", arrival=0.0)]
     specs += [Spec(f"t{i}", arrival=0.1 * i) for i in range(1, 20)]  # 0.1 .. 1.9 s

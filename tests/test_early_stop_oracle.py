@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_study import config
+from support.studies import config
 
 from autotune.loadgen.early_stop import StopRule, needed
 from autotune.profiles.hardware import get_hardware

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import free_port
+from support.processes import free_port
 
 from autotune import cli, errors
 from autotune.cli import sim as cli_sim

@@ -1,8 +1,8 @@
 """Fault injection (docs/faults.md): real ``autotune study run`` processes with ``sim``
-workers on a private PostgreSQL cluster (tests/pgcluster.py; the shared server is never
+workers on a private PostgreSQL cluster (tests/support/pgcluster.py; the shared server is never
 touched), killed, terminated, interrupted and cut off from their database. Each test checks
 that the study still runs exactly its plan, and adds a row to the fault ledger
-(tests/ledger.py), printed at the end of the session:
+(tests/support/ledger.py), printed at the end of the session:
 
     python -m pytest -m faults tests/test_faults.py
 
@@ -29,15 +29,16 @@ import optuna
 import psycopg
 import pytest
 import yaml
-from conftest import need_service
-from ledger import ROWS, LedgerRow, StudyFigures, study_figures, worker_pids
-from pgcluster import PgCluster, start_cluster
+from support.ledger import ROWS, LedgerRow, StudyFigures, study_figures, worker_pids
+from support.pgcluster import PgCluster, start_cluster
+from support.services import need_service
 
 from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.report.recommend import recommend
 from autotune.store import Store
-from autotune.tuning.controller import _bounds_from_json, create_study, run_study
+from autotune.tuning.attrs import read_header
+from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.strategy import planned_total, stage_params
 
 pytestmark = pytest.mark.faults
@@ -110,7 +111,7 @@ def create(url: str, d: dict[str, Any]) -> int:
     with Store.open(url) as store:
         create_study(cfg, text, store)
         study = optuna.load_study(study_name=cfg.name, storage=store.optuna_storage())
-        bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+        bounds = read_header(study).bounds
     return planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue))
 
 
@@ -195,7 +196,7 @@ def recover_s(url: str, name: str, fault_at: datetime) -> float | None:
 def stage_names(d: dict[str, Any], url: str) -> list[str]:
     with Store.open(url) as store:
         study = optuna.load_study(study_name=d["name"], storage=store.optuna_storage())
-        bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+        bounds = read_header(study).bounds
     names = ["max_num_batched_tokens" if p.endswith("_frac") else p for p in stage_params(bounds)]
     return ["baseline", *names, "joint"]
 

@@ -21,10 +21,10 @@ import psycopg
 import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
-from bad_inputs import BASE, BOMB, merged
-from conftest import need_service
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from support.bad_inputs import BASE, BOMB, merged
+from support.services import need_service
 
 from autotune import cli
 from autotune.errors import ConfigError, StorageError

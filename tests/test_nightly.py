@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nightly_helpers import write_config, write_trace
+from support.nightly import write_config, write_trace
 
 from autotune import cli
 from autotune.nightly.config import load_nightly_config

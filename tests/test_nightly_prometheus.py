@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_telemetry_prometheus import prometheus, prometheus_bin  # noqa: F401  (fixtures)
 
 from autotune.loadgen import run_load
 from autotune.nightly.config import NightlyConfig
@@ -74,7 +73,7 @@ def nightly(url: str) -> NightlyConfig:
 
 @pytest.mark.prometheus
 async def test_refresh_from_a_real_prometheus(
-    prometheus: tuple[str, Path],  # noqa: F811
+    prometheus: tuple[str, Path],
     tmp_path: Path,
 ) -> None:
     url, sd = prometheus

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from test_store import BACKENDS, fresh_database
+from support.databases import BACKENDS, fresh_database
 
 from autotune.errors import BusyError, NotFoundError, StorageError
 from autotune.nightly.lock import held_lock

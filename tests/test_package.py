@@ -7,7 +7,7 @@ import inspect
 import re
 
 import pytest
-from conftest import need_service
+from support.services import need_service
 
 import autotune
 from autotune import errors
@@ -107,7 +107,7 @@ def test_failure_classes_are_exactly_the_fourteen() -> None:
     assert all(c.name == c.value for c in FailureClass)
 
 
-# -- need_service (tests/conftest.py) ---------------------------------------------------
+# -- need_service (tests/support/services.py) ------------------------------------------
 
 
 def test_need_service_passes_when_available(monkeypatch: pytest.MonkeyPatch) -> None:

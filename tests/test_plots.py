@@ -10,7 +10,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 import pytest
-from test_study import config
+from support.studies import config
 
 from autotune.report import plots
 from autotune.report.summary import StudyView, study_view

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_study import config
+from support.studies import config
 
 from autotune import cli
 from autotune.loadgen.level import LevelMetrics
@@ -142,7 +142,7 @@ def test_a_failing_dashboard_refresh_is_one_warning_and_the_run_exits_0(
 def test_the_nightly_records_its_decision_even_when_rendering_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    from nightly_helpers import write_config, write_trace
+    from support.nightly import write_config, write_trace
 
     from autotune.errors import ConfigError
     from autotune.nightly import job

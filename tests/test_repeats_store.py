@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from test_store import BACKENDS, fresh_database, make_study, make_trial
+from support.databases import BACKENDS, fresh_database, make_study, make_trial
 
 from autotune.errors import NotFoundError, StorageError
 from autotune.store import RepeatRecord, Store

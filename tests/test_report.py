@@ -20,10 +20,10 @@ from typing import Any
 
 import optuna
 import pytest
-from chromium import chromium, ink, render
-from conftest import need_service
-from helpers import free_port
-from test_study import config
+from support.chromium import chromium, ink, render
+from support.processes import free_port
+from support.services import need_service
+from support.studies import config
 
 from autotune import cli
 from autotune.profiles.flags import flag_key, flag_table

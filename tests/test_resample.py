@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from test_study import config
+from support.studies import config
 
 from autotune.tuning.interval import paired_interval
 from autotune.tuning.validate import repeat_seeds

@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
-from test_store import make_study, make_trial
+from support.databases import make_study, make_trial
 
 from autotune.errors import DatabaseLostError
 from autotune.store import Store

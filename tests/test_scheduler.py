@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from nightly_helpers import write_config
+from support.nightly import write_config
 
 from autotune import cli
 from autotune.errors import BusyError, ConfigError

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from aiohttp import web
-from helpers import free_port
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+from support.processes import free_port
 
 from autotune.service.app import Settings, make_app
 from autotune.service.openapi import openapi_document

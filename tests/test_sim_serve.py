@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from support.processes import free_port
 
 from autotune.failures import FailureClass, classify_log
 

@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
-from test_study import config
+from support.studies import config
 
 from autotune.config import StrategyConfig
 from autotune.errors import ConfigError
 from autotune.store import Store
-from autotune.tuning.controller import _sampler_seed, create_study, run_study
+from autotune.tuning.controller import create_study, run_study, sampler_seed
 from autotune.tuning.linesearch import next_on_line
 from autotune.tuning.plan import overlength_rate, screen_max_model_len
 from autotune.tuning.scoring import Slo, binding_slo, trial_rank
@@ -237,15 +237,15 @@ def test_fixed_rate_study_recommends_the_widest_margin(tmp_path: Path) -> None:
 
 
 def test_study_seeds_give_independent_sampler_sequences() -> None:
-    s0 = [_sampler_seed(0, n) for n in range(200)]
-    s1 = [_sampler_seed(1, n) for n in range(200)]
+    s0 = [sampler_seed(0, n) for n in range(200)]
+    s1 = [sampler_seed(1, n) for n in range(200)]
     assert len(set(s0)) == 200  # a fresh seed per trial
     # not a shifted copy: seed + n would make s1[n] == s0[n + 1]
     assert not set(s0) & set(s1)
     draws0 = np.array([np.random.default_rng(s).random() for s in s0])
     draws1 = np.array([np.random.default_rng(s).random() for s in s1])
     assert abs(np.corrcoef(draws0, draws1)[0, 1]) < 0.2
-    assert json.dumps(s0[:3]) == json.dumps([_sampler_seed(0, n) for n in range(3)])
+    assert json.dumps(s0[:3]) == json.dumps([sampler_seed(0, n) for n in range(3)])
 
 
 # -- the memory stage's top, and what the joint refinement holds ---------------------------------

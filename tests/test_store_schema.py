@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from test_store import BACKENDS, OUR_TABLES, fresh_database, make_study, make_trial
+from support.databases import BACKENDS, OUR_TABLES, fresh_database, make_study, make_trial
 
 from autotune.errors import ServiceError, StorageError
 from autotune.store import VERSION_TABLE, Store

@@ -11,63 +11,28 @@ from typing import Any
 
 import optuna
 import pytest
-import yaml
-from test_store import fresh_database
+from support.databases import fresh_database
+from support.studies import config
 from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.config import parse_config
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, StorageError
 from autotune.report.dashboard import constraint_order
 from autotune.store import Store, TrialRecord
 from autotune.telemetry import KINDS
-from autotune.tuning.controller import _bounds_from_json, create_study, run_study
+from autotune.tuning.attrs import read_header
+from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.events import Event, LevelProgress, LevelStart
 from autotune.tuning.scoring import CONSTRAINT_NAMES
 from autotune.tuning.space import PARAM_ORDER, suggest
 from autotune.tuning.stages import Stage, stage_plan
 
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-    "hardware": "A100-80GB",
-    "worker": {"kind": "sim-virtual"},
-    "workload": {
-        "source": "synthetic",
-        "num_prompts": 120,
-        "input_len": 512,
-        "output_len": 128,
-        "arrival": "poisson",
-        "rate": 4,
-        "seed": 0,
-    },
-    "slo": {"p99_ttft_ms": 3000, "p99_tpot_ms": 45},
-    "mode": "slo-capacity",
-    "strategy": {
-        "name": "staged",
-        "trials_per_stage": 2,
-        "joint_refinement": 1,
-        "n_trials": 12,
-        "capacity_levels": 4,
-    },
-}
-
-
-def config(**over: Any) -> tuple[Any, str]:
-    d = json.loads(json.dumps(BASE))
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            d[k].update(v)
-        else:
-            d[k] = v
-    text = yaml.safe_dump(d)
-    return parse_config(text, "test.yaml"), text
-
 
 def planned_stages(store: Store, cfg: Any) -> list[Stage]:
     """The staged plan the study's stored trials give (tuning/stages.py)."""
     study = optuna.load_study(study_name=cfg.name, storage=store.optuna_storage())
-    bounds = _bounds_from_json(str(study.user_attrs["autotune.bounds"]))
+    bounds = read_header(study).bounds
     return stage_plan(study.get_trials(), cfg.strategy, bounds)
 
 
@@ -231,7 +196,7 @@ def test_bad_inputs_name_the_field_and_keep_the_store(store: Store) -> None:
         parse_config(text.replace("p99_ttft_ms: 3000", "p99_ttft_ms: -1"), "test.yaml")
     cfg, text = config()
     create_study(cfg, text, store)
-    with pytest.raises(Exception, match="already exists"):
+    with pytest.raises(StorageError, match="already exists"):
         create_study(cfg, text, store)
     assert store.get_study("t") is not None
 
@@ -424,7 +389,7 @@ def test_a_trial_a_killed_run_left_running_is_failed_and_retried_at_the_next_sta
     run_study("t", store, n_trials=1)
     study = optuna.load_study(study_name="t", storage=store.optuna_storage())
     orphan = study.ask()  # as if a controller was killed mid-trial
-    suggest(orphan, _bounds_from_json(str(study.user_attrs["autotune.bounds"])))
+    suggest(orphan, read_header(study).bounds)
     orphan.set_user_attr("stage", "joint")
     store.add_trial(
         TrialRecord(

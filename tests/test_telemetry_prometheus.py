@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
-import subprocess
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from conftest import need_service
-from helpers import free_port
+from support.prometheus import INTERVAL
 
 from autotune.errors import ServiceError
 from autotune.loadgen import run_load
@@ -41,7 +37,6 @@ from autotune.workload.core import WorkloadRequest
 pytestmark = pytest.mark.prometheus
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-INTERVAL = 0.5  # Prometheus's scrape interval and the direct scraper's
 MNS, MNBT = 8, 8192
 OLD_NAMES = {
     "vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc",
@@ -49,72 +44,6 @@ OLD_NAMES = {
     "vllm:prefix_cache_queries": "vllm:gpu_prefix_cache_queries",
     "vllm:prefix_cache_hits": "vllm:gpu_prefix_cache_hits",
 }
-
-
-@pytest.fixture
-def prometheus_bin() -> str:
-    path = shutil.which("prometheus")
-    need_service(
-        "prometheus", path is not None, "no prometheus binary on PATH (apt-get install prometheus)"
-    )
-    assert path is not None
-    return path
-
-
-@pytest.fixture
-def prometheus(prometheus_bin: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """(base URL, file_sd folder) of a fresh Prometheus; killed afterwards."""
-    sd = tmp_path / "sd"
-    sd.mkdir()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"""\
-global:
-  scrape_interval: {INTERVAL * 1000:.0f}ms
-  scrape_timeout: {INTERVAL * 1000:.0f}ms
-scrape_configs:
-  - job_name: autotune
-    file_sd_configs:
-      - files: ["{sd}/*.json"]
-""")
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            prometheus_bin,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, tmp_path / "prometheus.log")
-        yield url, sd
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"Prometheus at {url} not ready: {log.read_text()[-500:]}")
 
 
 @pytest.fixture

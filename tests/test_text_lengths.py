@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import need_service
+from support.services import need_service
 
 from autotune.config import parse_config
 from autotune.errors import ConfigError

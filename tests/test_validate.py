@@ -12,15 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import optuna
 import pytest
-from test_study import config
+from support.runners import NoisyRunner
+from support.studies import config
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.failures import FailureMatch
-from autotune.loadgen.level import LevelMetrics
 from autotune.report.recommend import format_recommendation, recommend
 from autotune.store import Store, StudyRecord, TrialRecord
 from autotune.tuning import controller, lanes, validate
@@ -31,49 +29,6 @@ from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 
 field = pytest.mark.config_field
-
-
-class NoisyRunner:
-    """Each config (keyed by max_num_seqs) has a true capacity and a known multiplicative
-    noise: in a run with jitter seed ``s`` its capacity is ``true * exp(sd * z)``, ``z`` drawn
-    from ``(s, config)``. Fixed-rate and offline levels report p99 TTFT and throughput the
-    same way. Every start and level is logged."""
-
-    kind = "sim-virtual"
-
-    def __init__(self, seed: int, spec: Mapping[int, tuple[float, float]], log: list[Any]) -> None:
-        self.seed, self.spec, self.log = seed, spec, log
-        self.key = 0
-        self.noise = 1.0
-
-    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
-        self.key = int(engine_args["max_num_seqs"])
-        true, sd = self.spec[self.key]
-        z = np.random.default_rng([self.seed, self.key]).standard_normal()
-        self.noise = float(true * np.exp(sd * z))
-        self.log.append(("start", self.key, trial_name))
-        return StartInfo("vllm serve fake", ["vllm"], 0.0, 1000, 10.0)
-
-    async def run_level(
-        self, workload: Workload, scale: float, progress: Any = None
-    ) -> LevelOutcome:
-        self.log.append(("level", self.key, workload.fingerprint()))
-        ok = scale <= self.noise
-        m = LevelMetrics(
-            completed=100,
-            failed=0,
-            p99_ttft_ms=(1000.0 if ok else 5000.0) if scale != 1.0 else 1500.0 / self.noise,
-            p99_tpot_ms=20.0 if scale != 1.0 else 20.0 / self.noise,
-            output_throughput=1000.0 * self.noise,
-            request_throughput=scale,
-        )
-        return LevelOutcome(scale, 4.0 * scale, m)
-
-    def failure(self) -> FailureMatch | None:
-        return None
-
-    async def stop(self) -> None:
-        self.log.append(("stop", self.key))
 
 
 def _cfg(**strategy: Any) -> Any:

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from test_study import config
-from test_validate import NoisyRunner
+from support.runners import NoisyRunner
+from support.studies import config
 from typer.testing import CliRunner
 
 from autotune.cli import app

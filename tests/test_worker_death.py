@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
-from helpers import free_port
+from support.processes import children_serving, free_port
 
 from autotune.loadgen import run_load
 from autotune.profiles.hardware import get_hardware
@@ -179,25 +179,8 @@ async def test_run_load_stops_sending_when_the_stop_event_is_set() -> None:
 # -- a trial on the sim worker: the partial level and the signal are stored -----------------
 
 
-def _children_serving() -> list[int]:
-    """Pids of this process's children that run ``autotune sim serve``."""
-    me, out = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == me and b"serve" in cmd and b"autotune.cli" in cmd:
-            out.append(int(name))
-    return out
-
-
 def _study(tmp_path: Path, store: Store) -> Any:
-    from test_study import config
+    from support.studies import config
 
     cfg, text = config(
         mode="fixed-rate",
@@ -234,7 +217,7 @@ async def test_a_trial_keeps_the_partial_level_and_the_cause(
         def on_event(e: Event) -> None:
             events.append(e)
             if isinstance(e, LevelProgress) and e.completed >= 4 and not killed:
-                (pid,) = _children_serving()
+                (pid,) = children_serving()
                 killed.append(time.perf_counter())
                 os.kill(pid, sig)
 
@@ -272,9 +255,9 @@ async def test_a_trial_keeps_the_partial_level_and_the_cause(
 
 def test_progress_line_names_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     """The study's progress output prints the death's reason on its own line."""
-    from autotune.cli.study import _progress
+    from autotune.cli.study import progress_printer
 
-    on_event = _progress()
+    on_event = progress_printer()
     on_event(WorkerDied(0, 1.0, "ENGINE_DEAD", "API server (pid 7) killed by SIGKILL"))
     out = capsys.readouterr().out
     assert "worker died (ENGINE_DEAD): API server (pid 7) killed by SIGKILL" in out

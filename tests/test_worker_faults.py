@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from support.processes import free_port
 
 from autotune.failures import FailureClass, FailureMatch
 from autotune.tuning.events import Event, LevelProgress, WorkerDied
@@ -224,9 +224,9 @@ def test_proc_state_reads_state_and_cpu_ticks() -> None:
 
 
 def test_the_progress_line_says_hung_not_died(capsys: pytest.CaptureFixture[str]) -> None:
-    from autotune.cli.study import _progress
+    from autotune.cli.study import progress_printer
 
-    _progress()(WorkerDied(0, 1.0, "HUNG", "API server hung"))
+    progress_printer()(WorkerDied(0, 1.0, "HUNG", "API server hung"))
     out = capsys.readouterr().out
     assert "worker hung (HUNG): API server hung" in out and "died" not in out
 
@@ -241,8 +241,8 @@ def test_a_study_retries_a_trial_whose_worker_was_killed_and_takes_the_retrys_ve
     with its partial level, the configuration runs again once in a fresh worker, and the
     study's result is the retry's clean run (docs/faults.md#10-worker-faults)."""
     import optuna
-    from test_study import config
-    from test_worker_death import _children_serving
+    from support.processes import children_serving
+    from support.studies import config
 
     from autotune.store import Store
     from autotune.tuning.controller import create_study, run_study
@@ -258,7 +258,7 @@ def test_a_study_retries_a_trial_whose_worker_was_killed_and_takes_the_retrys_ve
 
     def on_event(e: Event) -> None:
         if isinstance(e, LevelProgress) and e.completed >= 2 and not killed:
-            (pid,) = _children_serving()
+            (pid,) = children_serving()
             killed.append(pid)
             os.kill(pid, signal.SIGKILL)
 

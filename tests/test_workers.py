@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import group_gone
+from support.processes import group_gone
 
 from autotune.errors import WorkerStartupError
 from autotune.failures import FailureClass

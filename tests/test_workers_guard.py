@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_study import config
+from support.studies import config
 
 from autotune.store import Store
 from autotune.tuning.controller import create_study, run_study

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port, group_gone, pid_gone
+from support.processes import free_port, group_gone, pid_gone
 
 from autotune.errors import WorkerStartupError
 from autotune.failures import FailureClass

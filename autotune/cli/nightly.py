@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app, print_json
-from autotune.cli.study import StorageOpt, _progress, open_store
+from autotune.cli.study import StorageOpt, open_store, progress_printer
 from autotune.errors import ConfigError
 from autotune.nightly.config import load_nightly_config
 from autotune.nightly.records import DecisionRecord, decisions
@@ -99,7 +99,7 @@ def nightly(
             cfg,
             store,
             skip_if_no_drift=skip_if_no_drift,
-            on_event=_progress() if progress else None,
+            on_event=progress_printer() if progress else None,
             now=(lambda: when) if when is not None else None,
         )
     finally:

@@ -67,6 +67,7 @@ __all__ = [
     "list_cmd",
     "need_study",
     "open_store",
+    "progress_printer",
     "run_cmd",
     "show",
     "status",
@@ -199,7 +200,7 @@ def _rate(rps: float | None) -> str:
     return f" ({rps:,.2f} req/s)" if rps is not None else ""
 
 
-def _progress() -> OnEvent:
+def progress_printer() -> OnEvent:
     """Progress lines. Trial numbers are Optuna's (0-based, as `study show` and `best` print
     them); "k of n" counts complete trials against the plan."""
     out = console()
@@ -372,7 +373,7 @@ def _run(
             store,
             n_trials=n_trials,
             timeout=timeout,
-            on_event=_progress(),
+            on_event=progress_printer(),
             reset_running=reset_running,
             gpus=gpus,
             gpus_per_trial=gpus_per_trial,

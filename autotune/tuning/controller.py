@@ -64,11 +64,10 @@ __all__ = [
     "model_of",
     "optuna_value",
     "run_study",
+    "sampler_seed",
 ]
 
 log = logging.getLogger(__name__)
-# Old names some tests still import: the codec (tuning/attrs.py) owns the bounds' format.
-_bounds_from_json = attrs.bounds_from_json
 
 
 @dataclass(frozen=True)
@@ -97,9 +96,6 @@ def model_of(cfg: StudyConfig) -> ModelProfile:
     if cfg.model.config_json:
         return load_model_config(cfg.model.config_json, name=cfg.model.name)
     return get_model(cfg.model.name)
-
-
-_model = model_of  # its old name (tests import it)
 
 
 def _enqueued_configs(
@@ -237,7 +233,7 @@ def constraint_names(cfg: StudyConfig) -> list[str]:
     return [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint else [])]
 
 
-def _sampler_seed(seed: int, n_trials: int) -> int:
+def sampler_seed(seed: int, n_trials: int) -> int:
     """A fresh sampler's seed for the next trial: a hash of the study's seed and the trial
     count. (``seed + n`` would make seed 1's samples seed 0's shifted by one trial.)"""
     ss = np.random.SeedSequence([seed & 0xFFFFFFFF, n_trials])
@@ -282,7 +278,7 @@ async def _run(
         study,
         cfg,
         bounds,
-        seed_for=lambda n: _sampler_seed(cfg.seed, n),
+        seed_for=lambda n: sampler_seed(cfg.seed, n),
         constraint_names=constraint_names(cfg),
     )
     ended, note = "failed", None

@@ -544,33 +544,42 @@ FAILURES: tuple[tuple[str, dict[str, Any], dict[str, Any], FailureClass, bool], 
         True,
     ),
 )
-_FAILED: dict[str, WorkerLaunchError] = {}  # each case's error, for the log-tail check below
+# Each case's launch, made once per session by whichever test asks for it first.
+_LAUNCHES: dict[str, tuple[VllmWorker, dict[str, Any], WorkerLaunchError]] = {}
+
+
+@pytest.fixture
+async def failed_launch(
+    request: pytest.FixtureRequest, vllm_venv: Path, tiny_model: Path, worker_workdir: Path
+) -> tuple[VllmWorker, dict[str, Any], WorkerLaunchError]:
+    """(worker, engine args, error) of the bad config named by the test's ``name``
+    parameter: launched here, so each test that uses it runs alone too."""
+    name: str = request.node.callspec.params["name"]
+    if name not in _LAUNCHES:
+        _, engine_over, static_over, _, _ = next(f for f in FAILURES if f[0] == name)
+        worker = make_worker(vllm_venv, tiny_model, worker_workdir, static_args=static_over)
+        engine_args = {**SERVER_ENGINE_ARGS, **engine_over}
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLaunchError) as caught:
+            await worker.start(engine_args, name)
+        TIMINGS[f"failure {name}: launch -> error raised"] = time.monotonic() - t0
+        _LAUNCHES[name] = (worker, engine_args, caught.value)
+    return _LAUNCHES[name]
 
 
 @pytest.mark.parametrize(
-    ("name", "engine_over", "static_over", "expected", "has_estimate"),
-    FAILURES,
+    ("name", "expected", "has_estimate"),
+    [(f[0], f[3], f[4]) for f in FAILURES],
     ids=[f[0] for f in FAILURES],
 )
 async def test_bad_config_is_classified(
-    vllm_venv: Path,
-    tiny_model: Path,
-    worker_workdir: Path,
+    failed_launch: tuple[VllmWorker, dict[str, Any], WorkerLaunchError],
     captures: Captures,
     name: str,
-    engine_over: dict[str, Any],
-    static_over: dict[str, Any],
     expected: FailureClass,
     has_estimate: bool,
 ) -> None:
-    worker = make_worker(vllm_venv, tiny_model, worker_workdir, static_args=static_over)
-    engine_args = {**SERVER_ENGINE_ARGS, **engine_over}
-    t0 = time.monotonic()
-    with pytest.raises(WorkerLaunchError) as caught:
-        await worker.start(engine_args, name)
-    TIMINGS[f"failure {name}: launch -> error raised"] = time.monotonic() - t0
-    err = caught.value
-    _FAILED[name] = err
+    worker, engine_args, err = failed_launch
     assert err.log_path is not None
     lines = err.log_path.read_text(errors="replace").splitlines()
     captures.save(f"failure_{name}.log", "\n".join(lines) + "\n")
@@ -614,10 +623,10 @@ def _argv_of(worker: VllmWorker) -> list[str]:
 # Fixed after the first real run: the KV root cause sits 62-94 lines from the end of the
 # log; log_tail now leads with the classified cause line.
 @pytest.mark.parametrize("name", [f[0] for f in FAILURES])
-async def test_failure_log_tail_holds_the_root_cause(name: str) -> None:
-    err = _FAILED.get(name)
-    if err is None:
-        pytest.skip(f"test_bad_config_is_classified[{name}] did not run")
+async def test_failure_log_tail_holds_the_root_cause(
+    failed_launch: tuple[VllmWorker, dict[str, Any], WorkerLaunchError], name: str
+) -> None:
+    _, _, err = failed_launch
     match = classify_log(err.log_tail.splitlines())
     assert match is not None and match.failure_class is err.failure_class
 

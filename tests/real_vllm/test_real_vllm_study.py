@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from test_store import fresh_database  # tests/ is on sys.path, as for tests/test_study.py
+from support.databases import fresh_database  # tests/ is on sys.path, as for tests/test_study.py
 from typer.testing import CliRunner
 
 from autotune.cli import app

@@ -6,7 +6,7 @@ The network is cut with ``unshare --net`` (a new network namespace without inter
 where the kernel allows it; otherwise Chromium gets ``--host-resolver-rules`` that resolve
 every name to nothing, and callers assert that no ``src``/``href`` leaves the file.
 
-Run as a script to measure a report: ``python tests/chromium.py r.html`` prints each plot's
+Run as a script to measure a report: ``python tests/support/chromium.py r.html`` prints each plot's
 pixel size and its share of non-background pixels.
 """
 

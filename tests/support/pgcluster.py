@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from helpers import free_port
+
+from .processes import free_port
 
 __all__ = ["PgCluster", "find_pg_bin", "start_cluster"]
 

@@ -1,0 +1,138 @@
+"""Fake ``Runner``s (the protocol in autotune/tuning/runners.py) for tests that drive
+``run_trial`` and the controller without a worker.
+
+- :class:`ScriptedRunner`: every call follows a script, so a test can send ``run_trial``
+  (autotune/tuning/trial.py) down each of its branches: a start-up failure, a death under
+  load, an interrupt in the middle of a level, an over-length stop of the capacity search.
+- :class:`NoisyRunner`: each config has a true capacity and a known multiplicative noise,
+  for the validation phase (autotune/tuning/validate.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autotune.failures import FailureClass, FailureMatch
+from autotune.loadgen.level import LevelMetrics
+from autotune.tuning.runners import LevelOutcome, StartInfo
+from autotune.workload.core import Workload
+
+__all__ = ["NoisyRunner", "ScriptedRunner", "feasible_up_to"]
+
+
+def feasible_up_to(capacity: float, n: int = 100) -> Callable[[float], LevelMetrics]:
+    """Levels that meet the test config's SLOs (p99 TTFT 3 s, TPOT 45 ms) up to ``capacity``
+    times the workload's rate and break TTFT above it."""
+
+    def level(scale: float) -> LevelMetrics:
+        ok = scale <= capacity
+        return LevelMetrics(
+            completed=n,
+            failed=0,
+            duration_s=10.0,
+            p99_ttft_ms=500.0 if ok else 9000.0,
+            p99_tpot_ms=20.0,
+            output_throughput=100.0 * scale,
+            request_throughput=4.0 * scale,
+        )
+
+    return level
+
+
+@dataclass
+class ScriptedRunner:
+    """A runner whose start, levels and failures follow a script.
+
+    ``start_error``: raised by :meth:`start` (a ``WorkerStartupError`` for a start-up
+    failure). ``levels``: the metrics of a level at a scale. ``die_after``: after that many
+    levels (0-based index of the level that dies), :meth:`failure` reports ``death``, as a
+    worker that died under load does. ``raise_in_level``: (index, exception) raised inside
+    that level, as a Ctrl-C or a cancelled task arrives. ``calls`` logs every call.
+    """
+
+    kind: str = "sim-virtual"
+    start_error: BaseException | None = None
+    levels: Callable[[float], LevelMetrics] = field(default_factory=lambda: feasible_up_to(2.0))
+    die_after: int | None = None
+    death: FailureMatch = field(
+        default_factory=lambda: FailureMatch(
+            FailureClass.RUNTIME_OOM, "torch.OutOfMemoryError: CUDA out of memory"
+        )
+    )
+    raise_in_level: tuple[int, BaseException] | None = None
+    info: StartInfo = field(
+        default_factory=lambda: StartInfo("vllm serve fake", ["vllm", "serve"], 1.5, 50_000, 12.0)
+    )
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    _ran: int = 0
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
+        self.calls.append(("start", trial_name))
+        if self.start_error is not None:
+            raise self.start_error
+        return self.info
+
+    async def run_level(
+        self, workload: Workload, scale: float, progress: Any = None
+    ) -> LevelOutcome:
+        index = self._ran
+        self._ran += 1
+        self.calls.append(("level", scale))
+        if self.raise_in_level is not None and self.raise_in_level[0] == index:
+            raise self.raise_in_level[1]
+        return LevelOutcome(scale, 4.0 * scale, self.levels(scale))
+
+    def failure(self) -> FailureMatch | None:
+        if self.die_after is not None and self._ran > self.die_after:
+            return self.death
+        return None
+
+    async def stop(self) -> None:
+        self.calls.append(("stop", None))
+
+
+class NoisyRunner:
+    """Each config (keyed by max_num_seqs) has a true capacity and a known multiplicative
+    noise: in a run with jitter seed ``s`` its capacity is ``true * exp(sd * z)``, ``z`` drawn
+    from ``(s, config)``. Fixed-rate and offline levels report p99 TTFT and throughput the
+    same way. Every start and level is logged."""
+
+    kind = "sim-virtual"
+
+    def __init__(self, seed: int, spec: Mapping[int, tuple[float, float]], log: list[Any]) -> None:
+        self.seed, self.spec, self.log = seed, spec, log
+        self.key = 0
+        self.noise = 1.0
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
+        self.key = int(engine_args["max_num_seqs"])
+        true, sd = self.spec[self.key]
+        z = np.random.default_rng([self.seed, self.key]).standard_normal()
+        self.noise = float(true * np.exp(sd * z))
+        self.log.append(("start", self.key, trial_name))
+        return StartInfo("vllm serve fake", ["vllm"], 0.0, 1000, 10.0)
+
+    async def run_level(
+        self, workload: Workload, scale: float, progress: Any = None
+    ) -> LevelOutcome:
+        self.log.append(("level", self.key, workload.fingerprint()))
+        ok = scale <= self.noise
+        m = LevelMetrics(
+            completed=100,
+            failed=0,
+            p99_ttft_ms=(1000.0 if ok else 5000.0) if scale != 1.0 else 1500.0 / self.noise,
+            p99_tpot_ms=20.0 if scale != 1.0 else 20.0 / self.noise,
+            output_throughput=1000.0 * self.noise,
+            request_throughput=scale,
+        )
+        return LevelOutcome(scale, 4.0 * scale, m)
+
+    def failure(self) -> FailureMatch | None:
+        return None
+
+    async def stop(self) -> None:
+        self.log.append(("stop", self.key))
