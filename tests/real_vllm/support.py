@@ -189,6 +189,9 @@ class AdoptedWorker:
     def failure(self) -> FailureMatch | None:
         return self.worker.failure()
 
+    def note_progress(self) -> None:
+        self.worker.note_progress()
+
     async def stop(self) -> None:
         await self.worker.stop()
 
