@@ -5,8 +5,8 @@ them at collection; one list here, so a tier is read and changed in one place).
   touches every package of autotune; :data:`SMOKE` is keyed by package for that reason.
 - ``slow``: a test that takes longer than a few seconds (measured with
   ``python -m pytest -m "not real_vllm" --durations=0``): ``-m "not slow"`` leaves them out.
-  The list is partial: it holds what one measured run reached (test files a-e, and the
-  modules timed one by one), not yet the whole suite.
+  The list is partial: it holds what one measured run reached (test files up to
+  test_service.py), not yet the files after it.
 
 An entry is a test file, a test (``file::name``, every parametrization) or one
 parametrization; tests/test_tiers.py checks that every entry names a test that exists.
@@ -73,10 +73,13 @@ SMOKE: dict[str, tuple[str, ...]] = {
     ),
 }
 
-# Longer than a few seconds: each took 5 s or more in a --durations run on a loaded two-core
-# machine (most take 1-3 s there when it is idle; their sum is what "not slow" leaves out).
+# Longer than a few seconds: each took 5 s or more in a run on a loaded two-core machine
+# (``-v -o console_output_style=times``).
 SLOW: tuple[str, ...] = (
-    "tests/test_faults.py",  # real controllers and workers on a private PostgreSQL cluster
+    # real controllers and workers on a private PostgreSQL cluster: 13-52 s each
+    "tests/test_faults.py::test_four_controllers_run_exactly_the_plan_each_configuration_once_in_stage_order",
+    "tests/test_faults.py::test_controllers_or_workers_killed_mid_trial_leave_nothing_behind",
+    "tests/test_faults.py::test_postgres_restarts_are_ridden_out_and_a_longer_outage_stops_the_run_cleanly",
     "tests/test_bench_sim.py::test_bench_reports_vllm_keys_and_goodput",
     "tests/test_capacity.py::test_every_trial_and_the_baseline_land_on_their_lattice_point",
     "tests/test_capacity.py::test_trial_numbers_are_optunas_after_a_resume",
@@ -91,6 +94,12 @@ SLOW: tuple[str, ...] = (
     "tests/test_config_fields.py::test_capacity_lattice_comes_from_the_strategy",
     "tests/test_early_stop.py::test_stopped_and_full_replays_of_a_timeline_reach_the_same_verdict",
     "tests/test_exit_codes.py::test_no_feasible_trial_exits_4",
+    "tests/test_nightly.py::test_prompts_twice_as_long_promote_exit_3",
+    "tests/test_parallel.py::test_two_controllers_with_lanes_share_one_study_exactly",
+    "tests/test_post_run.py::test_a_baseline_that_measured_nothing_finishes_with_exit_0_and_its_report_renders",
+    "tests/test_post_run.py::test_a_failing_dashboard_refresh_is_one_warning_and_the_run_exits_0",
+    "tests/test_post_run.py::test_the_nightly_records_its_decision_even_when_rendering_fails",
+    "tests/test_redact.py::test_a_server_with_an_api_key_is_smoke_tested_loaded_and_masked",
     "tests/test_service.py::test_a_posted_study_runs_in_a_child_process",
     "tests/test_worker_env.py::test_a_worker_receives_only_the_allow_listed_environment",
     "tests/test_workers.py::test_sim_worker_startup_failures",
