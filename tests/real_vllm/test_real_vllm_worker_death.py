@@ -75,10 +75,16 @@ def _config(name: str, model: Path) -> tuple[Any, str]:
 
 
 async def _kill_mid_level(
-    adopted: AdoptedWorker, model: Path, tmp_path: Path, victim: int, label: str
+    adopted: AdoptedWorker,
+    model: Path,
+    tmp_path: Path,
+    victim: int,
+    label: str,
+    expected: str,
 ) -> dict[str, Any]:
     """One fixed-rate trial on the adopted server; ``victim`` gets SIGKILL once 3 requests
-    completed. Returns the stored death record, after the common checks."""
+    completed, and the trial ends with the failure class ``expected``. Returns the stored
+    death record, after the common checks."""
     cfg, text = _config(label, model)
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
         create_study(cfg, text, store)
@@ -110,7 +116,7 @@ async def _kill_mid_level(
         assert death is not None
         TIMINGS[f"{label}: kill -> detected (s)"] = death.detected_at - killed[0]
         stored_extra = {"kill_to_detection_s": round(death.detected_at - killed[0], 4)}
-        assert out.failure_class == "ENGINE_DEAD"
+        assert out.failure_class == expected
         (trial,) = store.trials(cfg.name)
         (lvl,) = trial.levels
         assert lvl.metrics["partial"] is True and lvl.feasible is False
@@ -130,7 +136,11 @@ async def test_engine_core_killed_mid_level(
 ) -> None:
     victim = engine_core_pid(vllm_server.info.pid)
     adopted = AdoptedWorker(vllm_server.worker, vllm_server.info)
-    stored = await _kill_mid_level(adopted, vllm_server.model_dir, tmp_path, victim, "enginecore")
+    # the API server dies of the lost EngineCore on its own: an engine death
+    # (docs/vllm.md#10-whose-death-is-it)
+    stored = await _kill_mid_level(
+        adopted, vllm_server.model_dir, tmp_path, victim, "enginecore", "ENGINE_DEAD"
+    )
     captures.note("worker_death", "engine_core", stored)
     assert stored["cause"] == "process_exit" and "EngineCore" in (stored["process"] or "")
     # the EngineCore is not our child: its status shows only while it is a zombie (~35 ms)
@@ -173,8 +183,9 @@ async def test_api_server_killed_mid_level(
             if endpoint == "completions":  # token ids: exact by construction
                 assert all(a == b for a, b in pairs), pairs
         captures.note("prompt_lengths", "bench on the foreign tokenizer", lengths)
+        # a SIGKILL from outside: not the configuration's doing (docs/vllm.md#10-whose-death-is-it)
         stored = await _kill_mid_level(
-            AdoptedWorker(worker, info), foreign_model, tmp_path, info.pid, "apiserver"
+            AdoptedWorker(worker, info), foreign_model, tmp_path, info.pid, "apiserver", "KILLED"
         )
         captures.note("worker_death", "api_server", stored)
         assert stored["cause"] == "leader_exit" and stored["signal"] == "SIGKILL"
