@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from autotune.errors import ConfigError
+from autotune.sim import sim_request
 from autotune.workload import (
     Empirical,
     Fixed,
@@ -212,7 +213,7 @@ def test_request_prompt_forms() -> None:
     assert bare.prompt(True) == generated  # deterministic per request id
     assert WorkloadRequest(50, 2, request_id="d").prompt(True) != generated
     assert approx_token_count(str(bare.prompt(False))) == 50
-    sim = ids.to_sim_request()
+    sim = sim_request(ids)
     assert (sim.prompt_len, sim.output_len, sim.arrival, sim.request_id) == (4, 2, 0.0, "a")
     assert list(sim.prompt_token_ids or ()) == [20, 21, 22, 23]
     with pytest.raises(ValueError, match="prompt_len"):
