@@ -40,6 +40,7 @@ from autotune.store import Store
 from autotune.tuning.attrs import read_header
 from autotune.tuning.controller import create_study, run_study
 from autotune.tuning.strategy import planned_total, stage_params
+from autotune.workers.procstat import is_alive
 
 pytestmark = pytest.mark.faults
 
@@ -170,16 +171,8 @@ def orphans_after(pids: list[int], limit_s: float) -> int:
     alive = list(pids)
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
-        alive = [p for p in alive if _alive(p)]
+        alive = [p for p in alive if is_alive(p)]
     return len(alive)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def recover_s(url: str, name: str, fault_at: datetime) -> float | None:

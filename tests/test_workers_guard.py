@@ -25,6 +25,7 @@ from autotune.workers.guard import (
     process_alive,
     stop_group,
 )
+from autotune.workers.procstat import is_alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -74,18 +75,10 @@ def start_parent(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], list
 def gone_within(pids: list[int], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if all(_dead(p) for p in pids):
+        if all(not is_alive(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
-
-
-def _dead(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")
 
 
 def test_the_death_signal_stops_the_worker_when_its_controller_is_killed(
@@ -102,7 +95,7 @@ def test_the_watchdog_stops_the_whole_group_when_its_controller_is_killed(
     tmp_path: Path,
 ) -> None:
     parent, (leader, grandchild, dog) = start_parent(tmp_path, "watchdog")
-    assert not _dead(grandchild)
+    assert is_alive(grandchild)
     parent.kill()  # no death signal here: only the watchdog can act
     parent.wait()
     # SIGTERM to the group, SIGKILL after the 1 s grace for the grandchild that ignores it

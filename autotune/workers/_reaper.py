@@ -1,6 +1,7 @@
 """Two tiny helpers run as scripts (``python -I -S _reaper.py ...``), with the standard
 library only, so they start in milliseconds and never import autotune
-(docs/faults.md#3-no-orphaned-workers).
+(docs/faults.md#3-no-orphaned-workers); the watchdog reads ``/proc`` through ``procstat.py``
+beside it, which is standard library only too.
 
 ``exec PARENT_PID -- ARGV...``: the worker launch wrapper. It asks the kernel to send it
 SIGTERM when its parent thread dies (``PR_SET_PDEATHSIG``; set here rather than in a
@@ -25,6 +26,15 @@ import time
 
 __all__: list[str] = []
 
+TYPE_CHECKING = False  # typing's own costs an import at every worker launch
+if TYPE_CHECKING:
+    from autotune.workers.procstat import group_members, read_stat
+elif __name__ == "__main__":
+    # -I leaves this script's folder off sys.path; the /proc reader beside it is stdlib-only
+    # (appended, so it never shadows a standard module)
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from procstat import group_members, read_stat
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -46,39 +56,17 @@ def _exec(argv: list[str]) -> None:
         os._exit(127)
 
 
-def _stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(")") + 2 :].split()
-
-
-def _members(pgid: int, start: int) -> list[int]:
-    """Live (not zombie) members of group ``pgid`` started no earlier than its leader."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fields = _stat(int(name))
-        live = fields and len(fields) > 19 and int(fields[2]) == pgid and fields[0] not in "ZX"
-        if live and fields and int(fields[19]) >= start:
-            out.append(int(name))
-    return out
-
-
 def _stop_group(pgid: int, start: int, grace_s: float) -> None:
-    leader = _stat(pgid)
-    if leader is not None and len(leader) > 19 and int(leader[19]) != start:
+    leader = read_stat(pgid)
+    if leader is not None and leader.start_ticks != start:
         return  # the id now belongs to another process: not ours
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        if not _members(pgid, start):
+        if not group_members(pgid, start):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + wait_s
-        while _members(pgid, start) and time.monotonic() < deadline:
+        while group_members(pgid, start) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from autotune.workers.procstat import group_members, read_stat
+
 __all__ = [
     "GroupRecord",
     "GroupRegistry",
     "Watchdog",
     "boot_id",
-    "group_members",
     "guarded_argv",
     "host_name",
     "proc_start_ticks",
@@ -48,18 +49,10 @@ REAPER = Path(__file__).with_name("_reaper.py")
 _LINUX = sys.platform.startswith("linux")
 
 
-def _stat(pid: int) -> list[str] | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return data[data.rindex(")") + 2 :].split()
-
-
 def proc_start_ticks(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks after boot (None: gone, or no /proc)."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+    stat = read_stat(pid)
+    return stat.start_ticks if stat is not None else None
 
 
 def boot_id() -> str | None:
@@ -79,8 +72,8 @@ def process_alive(pid: int, start: int | None, boot: str | None) -> bool:
     runs; a pid reused by another process, or a recorded boot that is over, is not it."""
     if boot is not None and boot_id() not in (None, boot):
         return False
-    fields = _stat(pid)
-    if fields is None:
+    stat = read_stat(pid)
+    if stat is None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -88,27 +81,9 @@ def process_alive(pid: int, start: int | None, boot: str | None) -> bool:
         except PermissionError:
             return True
         return start is None  # no /proc: the pid exists, which is all that can be known
-    if fields[0] in ("Z", "X"):
+    if stat.dead:
         return False
-    return start is None or int(fields[19]) == start
-
-
-def group_members(pgid: int, start: int | None) -> list[int]:
-    """Live members of process group ``pgid`` started no earlier than its leader did."""
-    out: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        fields = _stat(int(name))
-        if fields is None or len(fields) < 20 or int(fields[2]) != pgid or fields[0] in "ZX":
-            continue
-        if start is None or int(fields[19]) >= start:
-            out.append(int(name))
-    return out
+    return start is None or stat.start_ticks == start
 
 
 def stop_group(pgid: int, start: int | None, boot: str | None, grace_s: float = 10.0) -> list[int]:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+
+from autotune.workers.procstat import read_stat
 
 __all__ = ["STALL_S", "Stall", "StallWatch", "proc_state"]
 
@@ -30,14 +31,8 @@ _FROZEN_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterru
 def proc_state(pid: int) -> tuple[str, int] | None:
     """(state, CPU ticks used: utime + stime) of ``pid`` from ``/proc/PID/stat``; None when
     it is gone."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = data[data.rindex(")") + 2 :].split()
-    if len(fields) < 13:
-        return None
-    return fields[0], int(fields[11]) + int(fields[12])
+    stat = read_stat(pid)
+    return (stat.state, stat.cpu_ticks) if stat is not None else None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from autotune.workers.guard import (
     proc_start_ticks,
 )
 from autotune.workers.logs import classify_worker_log, log_tail
+from autotune.workers.procstat import group_stats
 from autotune.workers.watch import DeathWatch, ProcInfo, describe_status, snapshot_group
 
 __all__ = ["ProcessSupervisor", "WorkerLaunchError"]
@@ -93,24 +94,10 @@ def _become_subreaper() -> bool:
 
 
 def _group_members(pgid: int) -> list[tuple[int, str, int]] | None:
-    """``(pid, state, ppid)`` of every process in the group from /proc; None without /proc."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None
-    members = []
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            data = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        fields = data[data.rindex(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid:
-            members.append((int(name), fields[0], int(fields[1])))
-    return members
+    """``(pid, state, ppid)`` of every process in the group, zombies included; None without
+    /proc."""
+    stats = group_stats(pgid)
+    return None if stats is None else [(s.pid, s.state, s.ppid) for s in stats]
 
 
 class ProcessSupervisor:

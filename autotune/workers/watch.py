@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -32,6 +31,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from autotune.workers.procstat import group_stats, read_stat
 from autotune.workers.stall import STALL_S, StallWatch
 
 __all__ = [
@@ -87,15 +87,6 @@ class DeathReport:
     log_context: str
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """``/proc/PID/stat`` from field 3 (state) on; None when the process is gone."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return data[data.rindex(")") + 2 :].split()
-
-
 def _cmdline(pid: int) -> str:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -106,20 +97,11 @@ def _cmdline(pid: int) -> str:
 
 def snapshot_group(pgid: int) -> dict[int, ProcInfo]:
     """Every live member of process group ``pgid`` (empty without ``/proc``)."""
-    out: dict[int, ProcInfo] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        fields = _stat_fields(int(name))
-        if fields is None or len(fields) < 20 or int(fields[2]) != pgid or fields[0] == "Z":
-            continue
-        pid = int(name)
-        out[pid] = ProcInfo(pid, int(fields[19]), _cmdline(pid) or fields[0])
-    return out
+    return {
+        s.pid: ProcInfo(s.pid, s.start_ticks, _cmdline(s.pid) or s.comm)
+        for s in group_stats(pgid) or ()
+        if not s.dead
+    }
 
 
 def describe_status(returncode: int | None) -> tuple[str, str | None]:
@@ -138,13 +120,12 @@ def describe_status(returncode: int | None) -> tuple[str, str | None]:
 
 def _member_exit(info: ProcInfo) -> tuple[bool, int | None]:
     """(exited?, Popen-style return code when a zombie still shows it)."""
-    fields = _stat_fields(info.pid)
-    if fields is None or len(fields) < 20 or int(fields[19]) != info.start_time:
+    stat = read_stat(info.pid)
+    if stat is None or stat.start_ticks != info.start_time:
         return True, None
-    if fields[0] not in ("Z", "X"):
+    if not stat.dead:
         return False, None
-    # field 52, exit_code (Linux >= 3.5): the wait status of a zombie
-    status = int(fields[49]) if len(fields) > 49 and fields[49].lstrip("-").isdigit() else None
+    status = stat.exit_code  # a zombie's wait status
     if status is None:
         return True, None
     if status & 0x7F:

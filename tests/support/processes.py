@@ -7,6 +7,8 @@ import os
 import socket
 from pathlib import Path
 
+from autotune.workers.procstat import read_stat
+
 __all__ = ["children_serving", "free_port", "group_gone", "pid_gone"]
 
 
@@ -40,12 +42,11 @@ def children_serving() -> list[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        stat = read_stat(int(name))
         try:
-            stat = Path(f"/proc/{name}/stat").read_text()
             cmd = Path(f"/proc/{name}/cmdline").read_bytes()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == me and b"serve" in cmd and b"autotune.cli" in cmd:
+        if stat is not None and stat.ppid == me and b"serve" in cmd and b"autotune.cli" in cmd:
             out.append(int(name))
     return out
