@@ -24,14 +24,15 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.store import Store, TrialRecord
-from autotune.store.models import ControllerRow
-from autotune.tuning.attrs import read_header
+from autotune.store.rows import ControllerRow
 from autotune.tuning.claims import Done, Wait, decide, stage_order
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.events import Event, LevelStart
 from autotune.tuning.recovery import claim_key
 from autotune.tuning.space import SpaceBounds, suggest
 from autotune.tuning.stopping import Interrupted, stop_on_signals
+from autotune.tuning.study_attrs import read_header
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ from autotune import cli
 from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.store import Store, TrialRecord
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.events import Event, RunStart
 from autotune.tuning.lanes import LanePlan, parse_devices, plan_lanes, world_size
 

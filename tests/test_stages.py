@@ -22,7 +22,8 @@ from support.studies import config
 from autotune.config import StrategyConfig
 from autotune.errors import ConfigError
 from autotune.store import Store
-from autotune.tuning.controller import create_study, run_study, sampler_seed
+from autotune.tuning.controller import run_study, sampler_seed
+from autotune.tuning.create import create_study
 from autotune.tuning.linesearch import next_on_line
 from autotune.tuning.plan import overlength_rate, screen_max_model_len
 from autotune.tuning.scoring import Slo, binding_slo, trial_rank
@@ -210,7 +211,7 @@ def test_fixed_rate_ranks_by_the_worst_slo_margin_then_throughput() -> None:
 
 def test_fixed_rate_study_recommends_the_widest_margin(tmp_path: Path) -> None:
     from autotune.report.recommend import recommend
-    from autotune.tuning.controller import load_study_config
+    from autotune.tuning.create import load_study_config
     from autotune.tuning.scoring import record_rank
 
     cfg, text = config(mode="fixed-rate", strategy={"name": "random", "n_trials": 5})

@@ -21,12 +21,13 @@ from autotune.errors import ConfigError, StorageError
 from autotune.report.dashboard import constraint_order
 from autotune.store import Store, TrialRecord
 from autotune.telemetry import KINDS
-from autotune.tuning.attrs import read_header
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.events import Event, LevelProgress, LevelStart
 from autotune.tuning.scoring import CONSTRAINT_NAMES
 from autotune.tuning.space import PARAM_ORDER, suggest
 from autotune.tuning.stages import Stage, stage_plan
+from autotune.tuning.study_attrs import read_header
 
 
 def planned_stages(store: Store, cfg: Any) -> list[Stage]:

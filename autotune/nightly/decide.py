@@ -11,13 +11,12 @@ gain; when no challenger is feasible either, the decision says so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from autotune.store import TrialRecord
-from autotune.tuning.interval import CandidateSummary, Interval, ValidationSummary
+from autotune.tuning.interval import Interval, ValidationSummary, candidate_rank
 from autotune.tuning.verdict import held_text
 
 __all__ = ["EXIT_KEEP", "EXIT_NONE_FEASIBLE", "EXIT_PROMOTED", "Decision", "DecisionKind", "decide"]
@@ -37,15 +36,6 @@ class Decision:
     @property
     def exit_code(self) -> int:
         return {"keep": EXIT_KEEP, "promote": EXIT_PROMOTED}.get(self.kind, EXIT_NONE_FEASIBLE)
-
-
-def _rank(c: CandidateSummary) -> tuple[float, float, float]:
-    iv = c.interval
-    return (
-        iv.low if iv is not None else -math.inf,
-        iv.mean if iv is not None else -math.inf,
-        c.mean_figure if c.mean_figure is not None else -math.inf,
-    )
 
 
 def _iv(iv: Interval) -> str:
@@ -85,7 +75,9 @@ def decide(
             None,
             False,
         )
-    eligible = sorted((c for c in summary.candidates if c.eligible), key=_rank, reverse=True)
+    eligible = sorted(
+        (c for c in summary.candidates if c.eligible), key=candidate_rank, reverse=True
+    )
     # its run in the study counts as one of its runs (docs/tuning.md#7-validation)
     inc_ok = summary.baseline_ok
     if not inc_ok:

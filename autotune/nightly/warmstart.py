@@ -21,10 +21,15 @@ from autotune.config import StudyConfig
 from autotune.errors import StorageError
 from autotune.profiles.hardware import get_hardware
 from autotune.store import Store, StudyRecord
-from autotune.tuning.attrs import StudyHeader, open_study
-from autotune.tuning.controller import baseline_capacity, model_of
-from autotune.tuning.plan import baseline_engine_args, build_bounds, estimate_peak_concurrency
+from autotune.tuning.baseline_probe import baseline_capacity
+from autotune.tuning.plan import (
+    baseline_engine_args,
+    build_bounds,
+    estimate_peak_concurrency,
+    model_of,
+)
 from autotune.tuning.space import SpaceBounds, mnbt_range
+from autotune.tuning.study_attrs import StudyHeader, open_study
 from autotune.workload.build import study_workload
 
 __all__ = ["Projection", "create_warm_study", "project", "study_yaml", "today_bounds", "widen_for"]

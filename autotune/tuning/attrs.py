@@ -1,35 +1,34 @@
-"""Every Optuna study and trial attribute autotune reads or writes (the codec): the keys,
-typed records for what they hold (:class:`StudyHeader`, :class:`TrialSummary`,
-:class:`BaselineEvidence`), and their encoding. No other module names an attribute key or
-Optuna's private ``_trial_id``/``_study_id``. The keys and JSON shapes are the stored
-format: older databases read unchanged (docs/report.md#1-optuna-dashboard)."""
+"""The trial attributes autotune reads or writes (the codec's trial half; the study header is
+``tuning/study_attrs.py``): the keys, typed records for what they hold
+(:class:`TrialSummary`, :class:`BaselineEvidence`), their encoding, the constraints every
+trial reports (:func:`constraint_names`, in :func:`constraint_order`) and Optuna's private
+``_trial_id``. No module but these two names an attribute key or Optuna's private
+``_trial_id``/``_study_id``. The keys and JSON shapes are the stored format: older databases
+read unchanged (docs/report.md#1-optuna-dashboard)."""
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import optuna
-from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from autotune.errors import StorageError
-from autotune.tuning.space import SpaceBounds, enqueue_params
+from autotune.config import StudyConfig
+from autotune.tuning.scoring import CONSTRAINT_NAMES
 
 __all__ = [
     "CONSTRAINTS_KEY",
     "ENGINE_PREFIX",
     "BaselineEvidence",
-    "StudyHeader",
     "TrialSummary",
     "as_enqueued",
     "baseline_evidence",
-    "bounds_from_json",
+    "constraint_names",
     "constraint_order",
     "devices_of",
     "engine_attrs",
@@ -38,15 +37,11 @@ __all__ = [
     "enqueued_engine_args",
     "fixed_params",
     "label_of",
-    "open_study",
-    "read_header",
-    "read_widenings",
     "requeued",
     "requeued_from",
     "retry_history",
     "set_metric_name",
     "stage_of",
-    "study_id",
     "trial_id",
     "write_devices",
     "write_failure_class",
@@ -54,17 +49,8 @@ __all__ = [
     "write_stage",
     "write_trial_start",
     "write_trial_summary",
-    "write_validation",
-    "write_widenings",
 ]
 
-BOUNDS_KEY = "autotune.bounds"  # study user attributes; SpaceBounds as a JSON string
-BASELINE_KEY = "autotune.baseline"  # the baseline's engine args
-FINGERPRINT_KEY = "autotune.workload_fingerprint"
-SCREENING_KEY = "autotune.max_model_len_screening"  # Screening.to_dict()
-PROJECTION_KEY = "autotune.nightly_projection"  # the nightly's Projection dicts
-WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/edges.py)
-VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/validate.py)
 CONSTRAINTS_KEY = "constraints"  # Optuna's list format (trial), its legend (study)
 STAGE_KEY = "stage"  # the trial user attributes: stage, label, devices, ...
 LABEL_KEY = "label"
@@ -81,93 +67,6 @@ _Trial = FrozenTrial | optuna.Trial
 def trial_id(t: optuna.Trial | FrozenTrial) -> int:
     """The storage's id of a trial (Optuna has no public accessor for it)."""
     return int(t._trial_id)
-
-
-def study_id(study: optuna.Study) -> int:
-    """The storage's id of a study (optuna-dashboard's URLs use it)."""
-    return int(study._study_id)
-
-
-def bounds_from_json(text: str) -> SpaceBounds:
-    d = json.loads(text)
-    d["max_model_len_candidates"] = tuple(d["max_model_len_candidates"])
-    d["extras"] = tuple((n, tuple(c)) for n, c in d["extras"])
-    return SpaceBounds(**d)
-
-
-@dataclass(frozen=True)
-class StudyHeader:
-    """What a study is created with: its search space, its baseline and its workload; a study
-    created by ``study create`` has the screening, a nightly one its projections."""
-
-    bounds: SpaceBounds
-    baseline: Mapping[str, Any]
-    workload_fingerprint: str | None
-    screening: dict[str, Any] | None = None
-    nightly_projection: list[dict[str, Any]] | None = None
-
-    def attrs(self) -> dict[str, Any]:
-        out = {
-            BOUNDS_KEY: json.dumps(asdict(self.bounds)),
-            BASELINE_KEY: dict(self.baseline),
-            FINGERPRINT_KEY: self.workload_fingerprint,
-            SCREENING_KEY: self.screening,
-            PROJECTION_KEY: self.nightly_projection,
-        }
-        return {k: v for k, v in out.items() if v is not None}
-
-
-def read_header(study: optuna.Study) -> StudyHeader:
-    """What a study was created with (its bounds before any widening)."""
-    u = study.user_attrs
-    fingerprint = u.get(FINGERPRINT_KEY)
-    return StudyHeader(
-        bounds_from_json(str(u[BOUNDS_KEY])),
-        dict(u.get(BASELINE_KEY) or {}),
-        None if fingerprint is None else str(fingerprint),
-        u.get(SCREENING_KEY),
-        u.get(PROJECTION_KEY),
-    )
-
-
-def read_widenings(study: Any) -> list[dict[str, Any]]:
-    """The stored widenings (of a study, or its user attributes), oldest first."""
-    return list((study if isinstance(study, Mapping) else study.user_attrs).get(WIDENED_KEY, []))
-
-
-def write_widenings(study: Any, widenings: Sequence[Mapping[str, Any]]) -> None:
-    study.set_user_attr(WIDENED_KEY, [dict(w) for w in widenings])
-
-
-def write_validation(study: optuna.Study, summary: Any) -> None:
-    study.set_user_attr(VALIDATION_KEY, summary)
-
-
-def open_study(
-    storage: BaseStorage,
-    name: str,
-    header: StudyHeader,
-    configs: Sequence[tuple[str, Mapping[str, Any]]],
-) -> optuna.Study:
-    """Create the Optuna study ``name``, write its header and enqueue ``configs`` (label,
-    engine args: the baseline first). An Optuna study of that name that already has trials
-    (left by another tool, or autotune's rows deleted) is refused, never mixed in."""
-    study = optuna.create_study(
-        study_name=name, storage=storage, direction="maximize", load_if_exists=True
-    )
-    if study.trials:
-        raise StorageError(
-            f"an Optuna study named {name!r} already has trials in this "
-            "database; pick another study name"
-        )
-    for key, value in header.attrs().items():
-        study.set_user_attr(key, value)
-    for label, engine_args in configs:
-        study.enqueue_trial(
-            enqueue_params(header.bounds, engine_args),
-            user_attrs=enqueue_attrs(label, engine_args),
-        )
-    return study
 
 
 def set_metric_name(study: optuna.Study, mode: str) -> None:
@@ -355,6 +254,12 @@ class TrialSummary:
 
 def _legend(names: Sequence[str]) -> str:
     return ", ".join(f"{i}: {n}" for i, n in enumerate(names)) + " (> 0 is violated)"
+
+
+def constraint_names(cfg: StudyConfig) -> list[str]:
+    """The constraints every trial of ``cfg`` reports to Optuna (the one place they are
+    listed: the scored SLOs, and ``preemptions`` when ``telemetry.preemption_constraint``)."""
+    return [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint else [])]
 
 
 def constraint_order(names: Sequence[str]) -> list[str]:

@@ -39,6 +39,7 @@ __all__ = [
     "Run",
     "ValidationSummary",
     "Verdict",
+    "candidate_rank",
     "figure_of",
     "paired_interval",
     "summarize",
@@ -214,7 +215,9 @@ class ValidationSummary:
         return d
 
 
-def _rank(c: CandidateSummary) -> tuple[float, float, float]:
+def candidate_rank(c: CandidateSummary) -> tuple[float, float, float]:
+    """A validated candidate's sort key, the larger the better: its interval's low end, then
+    its mean, then its mean figure (no interval ranks below any interval)."""
     iv = c.interval
     return (
         iv.low if iv is not None else -math.inf,
@@ -293,7 +296,7 @@ def summarize(
         held,
         [
             Contender(c.trial_number, c.held, c.interval.low if c.interval else None, c.mean_figure)
-            for c in sorted(cands, key=_rank, reverse=True)
+            for c in sorted(cands, key=candidate_rank, reverse=True)
         ],
         complete=done >= runs_planned,
         max_overlength_rate=max_overlength_rate,

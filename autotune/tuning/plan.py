@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from autotune.config import RangeSpec, StudyConfig
+from autotune.config import ModelConfig, RangeSpec, StudyConfig
 from autotune.errors import ConfigError, SimStartupError
 from autotune.profiles.hardware import HardwareProfile
-from autotune.profiles.models import ModelProfile
+from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.sim import EngineArgs, sim_requests, simulate
 from autotune.tuning.space import SpaceBounds, max_model_len_candidates
 from autotune.workload.build import scale_rate
@@ -24,9 +24,24 @@ __all__ = [
     "build_bounds",
     "estimate_peak_concurrency",
     "longest_candidate_warning",
+    "model_of",
     "overlength_rate",
     "screen_max_model_len",
 ]
+
+
+class _HasModel(Protocol):  # a study config or a nightly config
+    @property
+    def model(self) -> ModelConfig: ...
+
+
+def model_of(cfg: _HasModel) -> ModelProfile:
+    """The config's model profile: its ``config.json`` when given, else the named profile
+    (the one place a config's model becomes a :class:`ModelProfile`)."""
+    if cfg.model.config_json:
+        return load_model_config(cfg.model.config_json, name=cfg.model.name)
+    return get_model(cfg.model.name)
+
 
 # The largest max_model_len candidate (the baseline's) draws a warning when fewer than this
 # share of the requests need it, i.e. do not fit the next candidate below it
@@ -103,7 +118,8 @@ def build_bounds(
     if max(cands) > model.max_position_embeddings:
         raise ConfigError(
             f"search.max_model_len: candidate {max(cands)} exceeds the model's "
-            f"maximum ({model.max_position_embeddings})"
+            f"maximum ({model.max_position_embeddings})",
+            field=("search", "max_model_len"),
         )
     util_lo, util_hi = _rng(s.gpu_memory_utilization, 0.80, 0.97 if cfg.mode == "offline" else 0.95)
     peak = cfg.workload.peak_concurrency or peak_concurrency
@@ -125,7 +141,7 @@ def build_bounds(
             extras=extras,
         )
     except ValueError as exc:
-        raise ConfigError(f"search: {exc}") from exc
+        raise ConfigError(f"search: {exc}", field=("search",)) from exc
 
 
 def overlength_rate(max_model_len: int, prompt: Sequence[int], output: Sequence[int]) -> float:
@@ -186,7 +202,8 @@ def screen_max_model_len(
             f"{rates[best]:.2%} of the requests over-length. Add a longer candidate (the "
             "workload's longest prompt + output needs "
             f"{max(p + o for p, o in zip(prompt, output, strict=True))}) or raise "
-            "slo.max_overlength_rate"
+            "slo.max_overlength_rate",
+            field=("search", "max_model_len"),
         )
     return Screening(kept, rates, limit)
 

@@ -11,8 +11,8 @@ from optuna.trial import TrialState
 
 from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
-from autotune.tuning import attrs
-from autotune.tuning.controller import load_study_config
+from autotune.tuning import attrs, study_attrs
+from autotune.tuning.create import load_study_config
 from autotune.tuning.edges import apply_widenings, stored_widenings
 from autotune.tuning.stages import plan_lines
 from autotune.tuning.strategy import planned_total
@@ -85,7 +85,7 @@ def study_status(store: Store, name: str) -> StudyStatus:
                 f"{history[-1]}: {t.state.name}"
             )
     cfg = load_study_config(rec)
-    bounds = attrs.read_header(study).bounds
+    bounds = study_attrs.read_header(study).bounds
     return StudyStatus(
         controllers=controllers,
         running=running,
@@ -106,7 +106,7 @@ def study_plan(store: Store, name: str) -> list[str]:
     assert rec is not None, "check the study exists first"
     study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
     cfg = load_study_config(rec)
-    header = attrs.read_header(study)
+    header = study_attrs.read_header(study)
     bounds, screening = header.bounds, header.screening
     widened = stored_widenings(study)  # edges moved out by the passes so far
     bounds = apply_widenings(bounds, widened)

@@ -1,0 +1,135 @@
+"""Creating a study (``autotune study create``): the workload, the search space and the
+baseline are built and checked before anything is stored, then the Optuna study and
+autotune's row; and reading a study's config back (the file given, the YAML stored)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from autotune.config import StudyConfig, parse_config
+from autotune.errors import ConfigError, StorageError
+from autotune.profiles.hardware import get_hardware
+from autotune.store import Store, StudyRecord
+from autotune.tuning import study_attrs
+from autotune.tuning.baseline_probe import baseline_capacity
+from autotune.tuning.plan import (
+    baseline_engine_args,
+    build_bounds,
+    estimate_peak_concurrency,
+    longest_candidate_warning,
+    model_of,
+    screen_max_model_len,
+)
+from autotune.tuning.space import PARAM_ORDER, SpaceBounds
+from autotune.workload.build import study_workload
+from autotune.workload.traces import dropped_text
+
+__all__ = ["config_yaml_of", "create_study", "load_study_config"]
+
+
+def _enqueued_configs(
+    cfg: StudyConfig, b: SpaceBounds, baseline: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The baseline and the ``enqueue:`` configs, each checked against the search space
+    before anything is stored: a tuned name, and for a parameter with choices (the
+    ``max_model_len`` candidates, ``search.extra``) one of them; Optuna would refuse any
+    other value only when the trial runs (docs/faults.md#7-enqueued-values)."""
+    configs = [("baseline", baseline)]
+    known = set(PARAM_ORDER) | {n for n, _ in b.extras}
+    choices: dict[str, tuple[Any, ...]] = {
+        "max_model_len": tuple(b.max_model_len_candidates),
+        **dict(b.extras),
+    }
+    for i, entry in enumerate(cfg.enqueue):
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise ConfigError(
+                f"enqueue[{i}].{unknown[0]}: not a tuned parameter "
+                f"(known: {', '.join(sorted(known))})",
+                field=("enqueue", i, unknown[0]),
+            )
+        for name, value in entry.items():
+            allowed = choices.get(name)
+            if allowed is not None and value not in allowed:
+                raise ConfigError(
+                    f"enqueue[{i}].{name}: {value!r} is not in the search space (this "
+                    f"study's choices: {', '.join(repr(c) for c in allowed)})",
+                    field=("enqueue", i, name),
+                )
+        configs.append((f"enqueue-{i}", {**baseline, **entry}))
+    return configs
+
+
+def load_study_config(rec: StudyRecord) -> StudyConfig:
+    return parse_config(rec.config_yaml, f"<stored config of study {rec.name!r}>")
+
+
+def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecord:
+    """Validate everything that can be checked before a launch, then store the study."""
+    model, hw = model_of(cfg), get_hardware(cfg.hardware)
+    wl = study_workload(cfg, vocab_size=model.vocab_size)
+    prof = wl.profile()
+    cands_probe = build_bounds(cfg, model, prof, 0).max_model_len_candidates
+    base_mml = max(cands_probe)
+    baseline = baseline_engine_args(model, hw, base_mml)
+    scale = 1.0
+    if cfg.mode == "slo-capacity" and not cfg.workload.peak_concurrency:
+        # Concurrency grows with the offered load: size max_num_seqs for the load the
+        # baseline itself sustains within the SLOs (a quick sim-virtual capacity search).
+        scale = asyncio.run(baseline_capacity(cfg, model, hw, wl, baseline))
+    peak = cfg.workload.peak_concurrency or estimate_peak_concurrency(
+        model, hw, wl, base_mml, scale
+    )
+    bounds = build_bounds(cfg, model, prof, peak)
+    # Before any launch: candidates whose over-length rate on this workload breaks the limit
+    # would fail at every load; they are dropped here, and none left is a config error.
+    screening = screen_max_model_len(
+        bounds.max_model_len_candidates,
+        [r.prompt_len for r in wl.requests],
+        [r.output_len for r in wl.requests],
+        cfg.slo.max_overlength_rate,
+    )
+    # the baseline's max_model_len is the longest candidate: kept whenever any is
+    bounds = replace(bounds, max_model_len_candidates=screening.kept)
+    configs = _enqueued_configs(cfg, bounds, baseline)
+    if store.get_study(cfg.name) is not None:
+        raise StorageError(
+            f"study {cfg.name!r} already exists; use `autotune study run "
+            f"{cfg.name}` to continue it or `autotune study delete {cfg.name}`"
+        )
+    header = study_attrs.StudyHeader(bounds, baseline, prof.fingerprint, screening.to_dict())
+    study_attrs.open_study(store.optuna_storage(), cfg.name, header, configs)
+    profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
+    # what `study create` states before anything runs: rows of the file left out, and a
+    # baseline max_model_len that a handful of requests set
+    if wl.dropped:
+        profile["dropped_rows"] = dropped_text(wl.dropped, len(wl))
+    tail = (
+        None
+        if cfg.search.max_model_len.candidates  # the user's own candidates: their choice
+        else longest_candidate_warning(
+            screening.kept, [r.prompt_len for r in wl.requests], [r.output_len for r in wl.requests]
+        )
+    )
+    if tail is not None:
+        profile["warnings"] = [tail]
+    rec = StudyRecord(
+        name=cfg.name,
+        config_yaml=config_yaml,
+        workload_profile=profile,
+        mode=cfg.mode,
+        worker_kind=cfg.worker.kind,
+        optuna_study_name=cfg.name,
+    )
+    rec.id = store.create_study(rec)
+    return rec
+
+
+def config_yaml_of(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config ({exc.strerror or exc})") from exc

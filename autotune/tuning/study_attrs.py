@@ -1,0 +1,128 @@
+"""The study attributes autotune reads or writes (the codec's study half; trial attributes
+are ``tuning/attrs.py``): the keys, the :class:`StudyHeader` a study is created with, its
+widenings and its validation summary, and Optuna's private ``_study_id``. The keys and JSON
+shapes are the stored format: older databases read unchanged
+(docs/report.md#1-optuna-dashboard)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+
+from autotune.errors import StorageError
+from autotune.tuning.attrs import enqueue_attrs
+from autotune.tuning.space import SpaceBounds, enqueue_params
+
+__all__ = [
+    "SCREENING_KEY",
+    "VALIDATION_KEY",
+    "WIDENED_KEY",
+    "StudyHeader",
+    "bounds_from_json",
+    "open_study",
+    "read_header",
+    "read_widenings",
+    "study_id",
+    "write_validation",
+    "write_widenings",
+]
+
+BOUNDS_KEY = "autotune.bounds"  # study user attributes; SpaceBounds as a JSON string
+BASELINE_KEY = "autotune.baseline"  # the baseline's engine args
+FINGERPRINT_KEY = "autotune.workload_fingerprint"
+SCREENING_KEY = "autotune.max_model_len_screening"  # Screening.to_dict()
+PROJECTION_KEY = "autotune.nightly_projection"  # the nightly's Projection dicts
+WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/edges.py)
+VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/validate.py)
+
+
+def study_id(study: optuna.Study) -> int:
+    """The storage's id of a study (optuna-dashboard's URLs use it)."""
+    return int(study._study_id)
+
+
+def bounds_from_json(text: str) -> SpaceBounds:
+    d = json.loads(text)
+    d["max_model_len_candidates"] = tuple(d["max_model_len_candidates"])
+    d["extras"] = tuple((n, tuple(c)) for n, c in d["extras"])
+    return SpaceBounds(**d)
+
+
+@dataclass(frozen=True)
+class StudyHeader:
+    """What a study is created with: its search space, its baseline and its workload; a study
+    created by ``study create`` has the screening, a nightly one its projections."""
+
+    bounds: SpaceBounds
+    baseline: Mapping[str, Any]
+    workload_fingerprint: str | None
+    screening: dict[str, Any] | None = None
+    nightly_projection: list[dict[str, Any]] | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        out = {
+            BOUNDS_KEY: json.dumps(asdict(self.bounds)),
+            BASELINE_KEY: dict(self.baseline),
+            FINGERPRINT_KEY: self.workload_fingerprint,
+            SCREENING_KEY: self.screening,
+            PROJECTION_KEY: self.nightly_projection,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def read_header(study: optuna.Study) -> StudyHeader:
+    """What a study was created with (its bounds before any widening)."""
+    u = study.user_attrs
+    fingerprint = u.get(FINGERPRINT_KEY)
+    return StudyHeader(
+        bounds_from_json(str(u[BOUNDS_KEY])),
+        dict(u.get(BASELINE_KEY) or {}),
+        None if fingerprint is None else str(fingerprint),
+        u.get(SCREENING_KEY),
+        u.get(PROJECTION_KEY),
+    )
+
+
+def read_widenings(study: Any) -> list[dict[str, Any]]:
+    """The stored widenings (of a study, or its user attributes), oldest first."""
+    return list((study if isinstance(study, Mapping) else study.user_attrs).get(WIDENED_KEY, []))
+
+
+def write_widenings(study: Any, widenings: Sequence[Mapping[str, Any]]) -> None:
+    study.set_user_attr(WIDENED_KEY, [dict(w) for w in widenings])
+
+
+def write_validation(study: optuna.Study, summary: Any) -> None:
+    study.set_user_attr(VALIDATION_KEY, summary)
+
+
+def open_study(
+    storage: BaseStorage,
+    name: str,
+    header: StudyHeader,
+    configs: Sequence[tuple[str, Mapping[str, Any]]],
+) -> optuna.Study:
+    """Create the Optuna study ``name``, write its header and enqueue ``configs`` (label,
+    engine args: the baseline first). An Optuna study of that name that already has trials
+    (left by another tool, or autotune's rows deleted) is refused, never mixed in."""
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction="maximize", load_if_exists=True
+    )
+    if study.trials:
+        raise StorageError(
+            f"an Optuna study named {name!r} already has trials in this "
+            "database; pick another study name"
+        )
+    for key, value in header.attrs().items():
+        study.set_user_attr(key, value)
+    for label, engine_args in configs:
+        study.enqueue_trial(
+            enqueue_params(header.bounds, engine_args),
+            user_attrs=enqueue_attrs(label, engine_args),
+        )
+    return study
