@@ -14,9 +14,10 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.clock import RealClock, VirtualClock
-from autotune.sim.engine import Engine, simulate
+from autotune.sim.engine import Engine
 from autotune.sim.lengths import lognormal_requests
 from autotune.sim.request import SimRequest
+from autotune.sim.virtual_loop import simulate
 
 LLAMA = get_model("meta-llama/Llama-3.1-8B-Instruct")
 H100 = get_hardware("H100-80GB")

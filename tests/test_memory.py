@@ -1,4 +1,5 @@
-"""Startup memory accounting of the simulated engine (autotune.sim.memory) against vLLM 0.32.
+"""Startup memory accounting of the simulated engine (autotune.sim.config_checks and
+autotune.sim.memory) against vLLM 0.32.
 
 Expected texts come from docs/vllm.md#4-startup-errors and the real vLLM 0.32 CPU captures in
 ``tests/data/captures``.
@@ -20,13 +21,13 @@ from autotune.failures import FailureClass, classify_log
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import ModelProfile, get_model
 from autotune.sim.args import EngineArgs, ResolvedArgs
+from autotune.sim.config_checks import validate_config
 from autotune.sim.memory import (
     activation_bytes_per_token,
     cudagraph_memory_bytes,
     estimate_max_model_len,
     kv_blocks_from_pieces,
     plan_memory,
-    validate_config,
 )
 
 GiB = 1024**3

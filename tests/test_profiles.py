@@ -152,7 +152,7 @@ def test_resolve_caps_defaulted_mns_at_mnbt() -> None:
 
 
 def test_resolve_leaves_user_values_alone_even_invalid_ones() -> None:
-    # Validation (and vLLM's error text) happens later, in autotune.sim.memory.
+    # Validation (and vLLM's error text) happens later, in autotune.sim.config_checks.
     m = get_model(LLAMA_8B)
     r = EngineArgs(
         max_model_len=8192,

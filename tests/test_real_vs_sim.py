@@ -33,7 +33,7 @@ from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
 from autotune.sim.memory import plan_memory
-from autotune.sim.server import SimServer
+from autotune.sim.routes import SimServer
 from autotune.workers import parse_cache_config_info, parse_startup_facts
 from autotune.workload.core import WorkloadRequest
 

@@ -8,11 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotune.sim.metrics import (
-    CACHE_CONFIG_DEFAULTS,
-    VllmMetrics,
-    build_1_2_5_buckets,
-)
+from autotune.sim.exposition import VllmMetrics
+from autotune.sim.vllm_page import CACHE_CONFIG_DEFAULTS, build_1_2_5_buckets
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 MODEL = "/models/tiny-llama"  # the captured server's model name and max_model_len

@@ -20,10 +20,11 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import from_sim_timeline
 from autotune.sim.args import EngineArgs
-from autotune.sim.engine import Engine, simulate
+from autotune.sim.engine import Engine
 from autotune.sim.lengths import lognormal_requests
 from autotune.sim.request import SimRequest
-from autotune.sim.server import SimServer
+from autotune.sim.routes import SimServer
+from autotune.sim.virtual_loop import simulate
 from autotune.telemetry import Scraper, diagnose, from_scrape
 from autotune.telemetry.scrape import ScrapeStats, scrape
 from autotune.workload.core import WorkloadRequest

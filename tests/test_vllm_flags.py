@@ -15,8 +15,15 @@ import yaml
 from autotune import preflight
 from autotune.config import parse_config
 from autotune.errors import ConfigError
-from autotune.profiles.flags import check_value, flag_table, same_release, vllm_version_of
-from autotune.sim.serve import build_parser, normalize_argv
+from autotune.profiles.flags import (
+    SIM_ONLY_FLAGS,
+    check_value,
+    flag_table,
+    same_release,
+    strip_sim_flags,
+    vllm_version_of,
+)
+from autotune.sim.command_line import build_parser, normalize_argv
 
 ROOT = Path(__file__).parents[1]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -164,8 +171,8 @@ def test_good_static_args_pass_and_env_references_are_not_literal_secrets(
 
 
 def test_the_shipped_configs_pass_the_flag_check() -> None:
-    from autotune.nightly.config import parse_nightly_config
     from autotune.nightly.job import study_config_for
+    from autotune.nightly.job_config import parse_nightly_config
 
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         text = path.read_text(encoding="utf-8")
@@ -205,6 +212,16 @@ def test_sim_serve_rejects_what_vllm_rejects(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
+
+
+def test_sim_serve_has_exactly_the_registered_simulator_flags() -> None:
+    """The parser's own flags (neither vLLM's, modeled or ignored, nor the model) are the
+    registry's: one list for the parser, the pre-launch checks and printed commands."""
+    vllm = {s.dest for s in flag_table().by_option.values()}
+    own = {k for k in vars(_parse()) if k not in vllm and not k.startswith("ignored_")}
+    assert own - {"model"} == SIM_ONLY_FLAGS
+    args = {"sim_jitter_cv": 0.1, "time_scale": 2.0, "max_num_seqs": 8, "dtype": "half"}
+    assert strip_sim_flags(args) == {"max_num_seqs": 8, "dtype": "half"}
 
 
 def test_sim_serve_accepts_vllm_flags_it_does_not_model() -> None:

@@ -10,6 +10,10 @@ JSON objects only; vLLM checks their fields at startup.
 
 The list is one vLLM version's: when the worker's vLLM is another version (or cannot be
 found), problems are warnings, not errors (:func:`vllm_version_of`).
+
+It also holds the one list of the flags ``autotune sim serve`` takes that ``vllm serve`` does
+not (:data:`SIM_FLAGS`), so that the simulator's parser, the pre-launch checks and every
+``vllm serve`` command autotune prints agree on them (:func:`strip_sim_flags`).
 """
 
 from __future__ import annotations
@@ -23,33 +27,69 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
+    "SIM_FLAGS",
     "SIM_ONLY_FLAGS",
     "FlagSpec",
     "FlagTable",
+    "SimFlag",
     "check_value",
     "flag_key",
     "flag_table",
     "same_release",
+    "sim_flag",
+    "strip_sim_flags",
     "vllm_version_of",
 ]
 
-# `autotune sim serve`'s own flags (dests): never part of a real `vllm serve` command
-SIM_ONLY_FLAGS = frozenset(
-    {
-        "hardware",
-        "time_scale",
-        "sim_seed",
-        "sim_startup_delay",
-        "sim_jitter_cv",
-        "sim_request_log",
-        "sim_other_tenant_gib",
-        "sim_stats_interval",
-        "sim_dump_env",
-    }
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class SimFlag:
+    """A flag of ``autotune sim serve`` that a real ``vllm serve`` does not have (by dest).
+
+    ``set_by``: where autotune takes the value it writes on every ``sim`` worker's command
+    line (a study may not set it in ``worker.static_args``); None: a ``sim`` worker's static
+    args may set it.
+    """
+
+    dest: str
+    set_by: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+
+# The one list of `autotune sim serve`'s own flags: its parser's simulation group has exactly
+# these (autotune.sim.command_line), and none is ever part of a real `vllm serve` command.
+SIM_FLAGS: tuple[SimFlag, ...] = (
+    SimFlag("hardware", "autotune sets it from the study's hardware"),
+    SimFlag("time_scale", "autotune sets it from worker.time_scale"),
+    SimFlag("sim_seed", "autotune sets it from the study's seed"),
+    SimFlag("sim_startup_delay", "autotune sets it from worker.sim_startup_delay_s"),
+    SimFlag("sim_jitter_cv", "autotune sets it from worker.jitter_cv"),
+    SimFlag("sim_request_log"),
+    SimFlag("sim_other_tenant_gib"),
+    SimFlag("sim_stats_interval"),
+    SimFlag("sim_dump_env"),
 )
+SIM_ONLY_FLAGS = frozenset(f.dest for f in SIM_FLAGS)
+_SIM_BY_DEST = {f.dest: f for f in SIM_FLAGS}
+
+
+def sim_flag(dest: str) -> SimFlag | None:
+    """The simulator-only flag ``dest`` names, or None for any other name."""
+    return _SIM_BY_DEST.get(dest)
+
+
+def strip_sim_flags(args: Mapping[str, V]) -> dict[str, V]:
+    """``args`` without the simulator-only flags: what a real ``vllm serve`` may be given."""
+    return {k: v for k, v in args.items() if k not in SIM_ONLY_FLAGS}
+
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?(?:[.+-][0-9A-Za-z.+-]*)?)\s*$")

@@ -4,14 +4,13 @@ out). Pure logic; the HTTP server lives beside it and is the only I/O. The GPU a
 profiles it reads live in :mod:`autotune.profiles`.
 
 This module is the front door: other packages import only the names below
-(docs/architecture.md); ``autotune sim serve`` runs :mod:`autotune.sim.serve` as a process.
+(docs/architecture.md); ``autotune sim serve`` runs :mod:`autotune.sim.main` as a process.
 """
 
 from __future__ import annotations
 
 from autotune.sim.adapters import from_sim_timeline, sim_request, sim_requests
 from autotune.sim.args import EngineArgs, ResolvedArgs
-from autotune.sim.engine import SimResult, simulate
 from autotune.sim.lengths import lognormal_requests
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.replay import (
@@ -22,9 +21,11 @@ from autotune.sim.replay import (
     sim_engine_args,
 )
 from autotune.sim.request import RequestTiming, SimRequest
-from autotune.sim.server import VLLM_VERSION
+from autotune.sim.result import SimResult
+from autotune.sim.stop_watch import SimWatch
 from autotune.sim.version import ENGINE_MODEL_VERSION
-from autotune.sim.watch import SimWatch
+from autotune.sim.virtual_loop import simulate
+from autotune.sim.wire import VLLM_VERSION
 
 __all__ = [
     "ENGINE_MODEL_VERSION",
@@ -53,7 +54,7 @@ __all__ = [
 
 def serve_main(argv: list[str] | None = None) -> int:
     """``autotune sim serve``: imported on call, so that importing the package does not load
-    the module ``python -m autotune.sim.serve`` runs."""
-    from autotune.sim.serve import main
+    the module ``python -m autotune.sim.main`` runs."""
+    from autotune.sim.main import main
 
     return main(argv)

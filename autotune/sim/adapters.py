@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from autotune.sim.engine import SimResult
-from autotune.sim.metrics import (
+from autotune.sim.request import SimRequest
+from autotune.sim.result import SimResult
+from autotune.sim.vllm_page import (
     ITERATION_TOKENS_BUCKETS,
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
 )
-from autotune.sim.request import SimRequest
 from autotune.telemetry.stats import (
     Series,
     downsample,

@@ -2,7 +2,8 @@
 
 ``EngineArgs`` holds what the user gave (``None`` = not set); :meth:`EngineArgs.resolve` applies
 vLLM's defaulting rules for a model and GPU and returns :class:`ResolvedArgs`, in which every
-value is concrete. Validation (and its exact error texts) lives in ``autotune.sim.memory``.
+value is concrete. Validation (and its exact error texts) lives in
+``autotune.sim.config_checks``.
 """
 
 from __future__ import annotations

@@ -2,98 +2,28 @@
 
 Each step: ``batch = scheduler.schedule()`` -> ``dt = cost(batch) x jitter`` -> tokens are
 emitted at the step's end time (every token sampled in a step shares it) -> metrics sampled.
-:func:`simulate` drives it on a virtual clock; the HTTP server drives :class:`Engine` on a
-real clock.
+:func:`autotune.sim.virtual_loop.simulate` drives it on a virtual clock; the HTTP server's
+driver (:mod:`autotune.sim.driver`) drives :class:`Engine` on a real clock.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
-import numpy.typing as npt
 
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs, ResolvedArgs
 from autotune.sim.costs import CostModel
 from autotune.sim.kvcache import block_hashes
-from autotune.sim.memory import MemoryPlan, plan_memory
+from autotune.sim.memory import plan_memory
 from autotune.sim.request import REJECTED, Req, RequestTiming, SimRequest
-from autotune.sim.scheduler import Scheduler, StepStats
+from autotune.sim.result import FloatArray, SimResult, Timeline
+from autotune.sim.v1_scheduler import Scheduler, StepStats
 
-__all__ = [
-    "Engine",
-    "SimResult",
-    "StopHook",
-    "Timeline",
-    "context_length_error",
-    "simulate",
-]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
-
-@dataclass
-class Timeline:
-    """Per-step samples of what vLLM exports as metrics (arrays of equal length)."""
-
-    t: FloatArray  # step end time
-    running: IntArray  # vllm:num_requests_running
-    waiting: IntArray  # vllm:num_requests_waiting
-    kv_usage: FloatArray  # vllm:kv_cache_usage_perc (0-1)
-    preemptions: IntArray  # vllm:num_preemptions_total (cumulative)
-    tokens: IntArray  # vllm:iteration_tokens_total observations
-    prefill_tokens: IntArray
-    decode_tokens: IntArray
-
-
-@dataclass
-class SimResult:
-    requests: list[RequestTiming]
-    timeline: Timeline
-    memory: MemoryPlan
-    args: ResolvedArgs
-    num_steps: int
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    end: float = 0.0  # engine clock when the replay ended (the last step's end, or the stop)
-    stopped_at: float | None = None  # the ``stop`` hook ended it here (requests unfinished)
-
-    @property
-    def num_preemptions(self) -> int:
-        return int(self.timeline.preemptions[-1]) if len(self.timeline.preemptions) else 0
-
-    def summary(self) -> dict[str, float | int]:
-        """Headline figures, in ``vllm bench serve``'s units (ms, per second)."""
-        done = [r for r in self.requests if not r.rejected]
-        out: dict[str, float | int] = {
-            "completed": len(done),
-            "rejected": len(self.requests) - len(done),
-            "num_preemptions": self.num_preemptions,
-            "num_steps": self.num_steps,
-        }
-        if not done:
-            return out
-        start = min(r.arrival for r in done)
-        duration = max(r.finish for r in done) - start
-        ttft = np.array([r.ttft for r in done]) * 1e3
-        tpot = np.array([r.tpot for r in done if r.output_len > 1] or [0.0]) * 1e3
-        out_tokens = sum(r.output_len for r in done)
-        out.update(
-            duration_s=duration,
-            request_throughput=len(done) / duration if duration > 0 else 0.0,
-            output_throughput=out_tokens / duration if duration > 0 else 0.0,
-            mean_ttft_ms=float(ttft.mean()),
-            median_ttft_ms=float(np.percentile(ttft, 50)),
-            p99_ttft_ms=float(np.percentile(ttft, 99)),
-            mean_tpot_ms=float(tpot.mean()),
-            p99_tpot_ms=float(np.percentile(tpot, 99)),
-        )
-        return out
+__all__ = ["Engine", "context_length_error"]
 
 
 def context_length_error(
@@ -302,100 +232,3 @@ class Engine:
 def _rid(r: Req) -> str:
     u = r.user
     return u.request_id or f"req-{r.idx}" if isinstance(u, SimRequest) else f"req-{r.idx}"
-
-
-# asked between steps with the engine and its clock; True ends the replay (simulate's stop)
-StopHook = Callable[["Engine", float], bool]
-
-
-def simulate(
-    model: ModelProfile,
-    hardware: HardwareProfile,
-    args: EngineArgs | ResolvedArgs,
-    requests: Sequence[SimRequest],
-    *,
-    seed: int = 0,
-    jitter_cv: float = 0.015,
-    exact: bool = False,
-    concurrency: int | None = None,
-    warmup: Sequence[SimRequest] = (),
-    stop: StopHook | None = None,
-) -> SimResult:
-    """Run ``requests`` to completion on a virtual clock. Raises ``SimStartupError`` when the
-    engine args would make vLLM fail at startup.
-
-    ``concurrency`` replays a closed loop instead: arrival times are ignored, ``concurrency``
-    requests start at t=0 and each finished (or rejected) request is replaced, in order, by
-    the next one at the end of the step that finished it (what a closed-loop client sees).
-
-    ``warmup`` requests are sent all at once first and run to completion; the measured
-    requests' clock starts when the last one finishes (``result.requests`` holds both).
-
-    ``stop(engine, now)`` is asked between steps, once the requests that arrived by ``now``
-    are queued; True ends the replay there, the requests not finished by then left
-    unfinished (``result.stopped_at``; the steps never run cost nothing).
-    """
-    eng = Engine(model, hardware, args, seed=seed, jitter_cv=jitter_cv, exact=exact)
-    start = _warm_up(eng, warmup) if warmup else 0.0
-    if concurrency is not None:
-        return _closed_loop(eng, requests, concurrency, start, stop)
-    order = sorted(requests, key=lambda q: q.arrival)
-    if start:
-        order = [replace(q, arrival=q.arrival + start) for q in order]
-    n, i, now = len(order), 0, start
-    sched = eng.sched
-    while i < n or sched.has_work:
-        if not sched.has_work:
-            now = max(now, order[i].arrival)
-        # vLLM's engine core takes new requests between steps
-        while i < n and order[i].arrival <= now:
-            eng.add(order[i], user=order[i])
-            i += 1
-        if stop is not None and stop(eng, now):
-            return _ended(eng, now, now)
-        if sched.has_work:
-            now, _ = eng.step(now)
-    return _ended(eng, now, None)
-
-
-def _ended(eng: Engine, now: float, stopped_at: float | None) -> SimResult:
-    res = eng.result()
-    res.end, res.stopped_at = now, stopped_at
-    return res
-
-
-def _warm_up(eng: Engine, warmup: Sequence[SimRequest]) -> float:
-    """Run ``warmup`` (all sent at t=0) to completion; returns the time the last finished."""
-    now = 0.0
-    for q in warmup:
-        eng.add(replace(q, arrival=0.0), user=q)
-    while eng.sched.has_work:
-        now, _ = eng.step(now)
-    return now
-
-
-def _closed_loop(
-    eng: Engine,
-    requests: Sequence[SimRequest],
-    concurrency: int,
-    start: float = 0.0,
-    stop: StopHook | None = None,
-) -> SimResult:
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
-    sched = eng.sched
-    pending = list(requests)
-    i, now, in_flight = 0, start, 0
-    while i < len(pending) or sched.has_work:
-        while i < len(pending) and in_flight < concurrency:
-            r = eng.add(replace(pending[i], arrival=now), user=pending[i])
-            i += 1
-            if isinstance(r, Req):
-                in_flight += 1
-        if stop is not None and stop(eng, now):
-            return _ended(eng, now, now)
-        if not sched.has_work:
-            continue  # everything offered so far was rejected
-        now, _ = eng.step(now)
-        in_flight -= len(sched.finished)
-    return _ended(eng, now, None)

@@ -1,7 +1,7 @@
-"""Early stop for the in-process simulator: the ``stop`` hook :func:`autotune.sim.engine.
-simulate` asks between steps, counting what the replay already knows
-(docs/tuning.md#10-early-stop-inside-a-level). It walks the engine's own state, so it lives
-beside the engine (docs/architecture.md); the rule comes from the study
+"""Early stop for the in-process simulator: the ``stop`` hook
+:func:`autotune.sim.virtual_loop.simulate` asks between steps, counting what the replay
+already knows (docs/tuning.md#10-early-stop-inside-a-level). It walks the engine's own
+state, so it lives beside the engine (docs/architecture.md); the rule comes from the study
 (:func:`autotune.tuning.early_stop.rule_of`).
 
 The counts are incremental, so a step costs O(1) amortized: requests are walked in arrival
@@ -31,8 +31,8 @@ def _warm(user: object) -> bool:
 
 
 class SimWatch:
-    """A :data:`autotune.sim.engine.StopHook` for one level of ``planned`` measured requests
-    (warm-ups, marked by :attr:`SimRequest.warmup`, are not counted)."""
+    """A :data:`autotune.sim.virtual_loop.StopHook` for one level of ``planned`` measured
+    requests (warm-ups, marked by :attr:`SimRequest.warmup`, are not counted)."""
 
     def __init__(self, rule: StopRule, planned: int, warmups: int = 0) -> None:
         self.rule = rule
