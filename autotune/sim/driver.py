@@ -233,7 +233,7 @@ class EngineDriver:
         for r, s in live:
             if s.scheduled < 0 and r.t_sched >= 0:
                 s.scheduled = step_start
-            n = r.o0 + (nxt - r.s0) if r.dec else r.output
+            n = r.outputs_at(nxt)
             new = n - s.delivered
             if new <= 0:
                 continue

@@ -106,6 +106,11 @@ class Req:
     def num_tokens(self) -> int:
         return self.prompt_len + self.output
 
+    def outputs_at(self, step: int) -> int:
+        """Tokens sampled before global step ``step`` (implicit in decode mode): what the
+        steps so far delivered to this request."""
+        return self.o0 + (step - self.s0) if self.dec else self.output
+
     def emit_range(self, start: int, end: int) -> None:
         segs = self.segs
         if segs and segs[-1] == start:
