@@ -18,7 +18,7 @@ from support.databases import BACKENDS, OUR_TABLES, fresh_database, make_study, 
 from autotune.errors import ServiceError, StorageError
 from autotune.store import VERSION_TABLE, Store
 from autotune.store.migrate import alembic_config, head_revision, include_object
-from autotune.store.models import Base
+from autotune.store.rows import Base
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

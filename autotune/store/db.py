@@ -2,34 +2,28 @@
 
 The database is the one Optuna's RDB storage uses (same URL), so a study's Optuna state and
 autotune's richer records live and die together; see :mod:`autotune.store.migrate` for how
-the two schemas stay apart. Every method runs in its own transaction, so a failed call
-leaves the database as it was, and every database problem surfaces as a one-line
-:class:`StorageError` raised ``from`` the driver's error.
+the two schemas stay apart. :class:`Store` opens the database, checks its schema and holds
+the studies; its trials and levels come from :mod:`autotune.store.trial_store`, its
+validation runs from :mod:`autotune.store.repeat_store`, and the transaction every method
+runs in from :mod:`autotune.store.transactions`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, case, delete, func, inspect, or_, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import Session, lazyload, selectinload, sessionmaker
+from sqlalchemy import case, delete, func, inspect, or_, select
+from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.errors import NotFoundError, ServiceError, StorageError
-from autotune.redact import mask_argv, mask_command, mask_text
+from autotune.errors import NotFoundError, StorageError
 from autotune.store import migrate
 from autotune.store._engine import (
-    SQLITE_BEGIN,
     connect_error,
     disk_full_error,
-    is_disconnect,
     is_disk_full,
-    is_unique_violation,
     make_engine,
     mask_url,
     normalize_url,
@@ -37,21 +31,15 @@ from autotune.store._engine import (
     optuna_engine_kwargs,
     sqlite_path,
 )
-from autotune.store.models import LevelRow, RepeatRow, StudyRow, TrialRow
-from autotune.store.records import (
-    LevelRecord,
-    RepeatRecord,
-    StudyRecord,
-    StudySummary,
-    TrialRecord,
-)
-from autotune.store.resilience import NOT_LANDED, NotLanded, Resilience
+from autotune.store.records import StudyRecord, StudySummary
+from autotune.store.repeat_store import RepeatStore
+from autotune.store.rows import StudyRow, TrialRow
+from autotune.store.transactions import masked
+from autotune.store.trial_store import TrialStore
 
 if TYPE_CHECKING:
     from autotune.store.fleet import Fleet
     from autotune.store.optuna_storage import ResilientStorage
-
-T = TypeVar("T")
 
 __all__ = ["DEFAULT_URL", "ENV_VAR", "NoDatabaseError", "Store", "resolve_url"]
 
@@ -59,27 +47,6 @@ DEFAULT_URL = "sqlite:///autotune.db"
 ENV_VAR = "AUTOTUNE_DATABASE_URL"
 
 _STUDY_FIELDS = [f.name for f in dataclasses.fields(StudyRecord) if f.name != "id"]
-_LEVEL_FIELDS = [f.name for f in dataclasses.fields(LevelRecord) if f.name != "id"]
-_REPEAT_FIELDS = [
-    f.name for f in dataclasses.fields(RepeatRecord) if f.name not in ("id", "study_name")
-]
-_TRIAL_FIELDS = [
-    f.name for f in dataclasses.fields(TrialRecord) if f.name not in ("id", "study_name", "levels")
-]
-
-
-def _masked(values: dict[str, Any]) -> dict[str, Any]:
-    """Secrets never reach the database: secret flag values and URL passwords are masked in
-    launch commands, log tails and configs (autotune.redact) whoever writes them."""
-    out = dict(values)
-    if out.get("launch_command"):
-        out["launch_command"] = mask_command(out["launch_command"])
-    if out.get("launch_argv"):
-        out["launch_argv"] = mask_argv(out["launch_argv"])
-    for key in ("log_tail", "config_yaml"):
-        if out.get(key):
-            out[key] = mask_text(out[key])
-    return out
 
 
 class NoDatabaseError(NotFoundError):
@@ -112,26 +79,8 @@ def resolve_url(url: str | None) -> str:
     return normalize_url(url if url is not None else os.environ.get(ENV_VAR) or DEFAULT_URL)
 
 
-class Store:
+class Store(TrialStore, RepeatStore):
     """Read and write studies; open with :meth:`open`, finish with :meth:`close`."""
-
-    def __init__(self, url: str, engine: Engine) -> None:
-        self.url = url  # with its password: Optuna's storage is opened on the same URL
-        self._engine = engine
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
-        # SQLite: a write that reads first (the study's id) and would deadlock with another
-        # writer gets "database is locked" at once; BEGIN IMMEDIATE queues it instead. For
-        # the claim, whose retry would leave its asked trial orphaned
-        # (docs/parallel.md#5-several-hosts).
-        self._write_sessions = sessionmaker(
-            engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
-            if engine.dialect.name == "sqlite"
-            else engine,
-            expire_on_commit=False,
-        )
-        self._optuna: ResilientStorage | None = None
-        # retries through database outages; off (0 s) until a run sets its tolerance
-        self.resilience = Resilience(url)
 
     @classmethod
     def open(
@@ -244,10 +193,6 @@ class Store:
         """Retry through database outages of up to ``seconds`` (0: fail at once)."""
         self.resilience.tolerance_s = seconds
 
-    @property
-    def engine(self) -> Engine:
-        return self._engine
-
     def close(self) -> None:
         if self._optuna is not None:
             self._optuna.close()
@@ -264,7 +209,7 @@ class Store:
 
     def create_study(self, rec: StudyRecord) -> int:
         """Store a new study; StorageError if one of that name exists."""
-        values = _masked({k: getattr(rec, k) for k in _STUDY_FIELDS})
+        values = masked({k: getattr(rec, k) for k in _STUDY_FIELDS})
         values["created_at"] = rec.created_at or datetime.now(UTC)
         exists = StorageError(
             f"study {rec.name!r} already exists; use `autotune study run {rec.name}` or delete it"
@@ -343,251 +288,4 @@ class Store:
                 f"{mask_url(self.url)} failed: {one_line(exc)}"
             ) from exc
 
-    # -- trials ----------------------------------------------------------------------------
-
-    def add_trial(self, rec: TrialRecord) -> int:
-        """Store a trial and its levels (all or nothing); returns the trial's id. Retried
-        through an outage; a retry first looks for the trial (did the first attempt land?)."""
-        return self._retrying(
-            f"adding trial {rec.optuna_trial_number} of study {rec.study_name!r}",
-            lambda: self._add_trial(rec),
-            landed=lambda: self._trial_row_id(rec.study_name, rec.optuna_trial_number),
-        )
-
-    def _trial_row_id(self, study_name: str, number: int) -> int | NotLanded:
-        with self._session(f"looking for trial {number} of study {study_name!r}") as s:
-            found = s.scalar(
-                select(TrialRow.id)
-                .join(StudyRow, StudyRow.id == TrialRow.study_id)
-                .where(StudyRow.name == study_name, TrialRow.optuna_trial_number == number)
-            )
-            return NOT_LANDED if found is None else int(found)
-
-    def _add_trial(self, rec: TrialRecord) -> int:
-        what = f"trial {rec.optuna_trial_number} of study {rec.study_name!r}"
-        duplicate = StorageError(
-            f"{what} already exists (or two of its levels share a level_index)"
-        )
-        with self._session(f"adding {what}", on_conflict=duplicate) as s:
-            study_id = self.study_row_id(s, rec.study_name)
-            values = _masked({k: getattr(rec, k) for k in _TRIAL_FIELDS})
-            values["started_at"] = rec.started_at or datetime.now(UTC)
-            row = TrialRow(study_id=study_id, **values)
-            row.levels = [_level_row(level) for level in rec.levels]
-            s.add(row)
-            s.flush()
-            return row.id
-
-    def update_trial(self, trial_id: int, **fields: Any) -> None:
-        """Set some of a trial's fields (``state``, ``objective``, ``finished_at``, ...)."""
-        unknown = sorted(set(fields) - set(_TRIAL_FIELDS))
-        if unknown:  # a caller bug, not a database problem: fail like a bad keyword would
-            raise TypeError(
-                f"update_trial() got unknown or read-only fields {unknown}; "
-                f"it accepts {_TRIAL_FIELDS}"
-            )
-        self._retrying(
-            f"updating trial id {trial_id}", lambda: self._update_trial(trial_id, fields)
-        )
-
-    def _update_trial(self, trial_id: int, fields: dict[str, Any]) -> None:
-        with self._session(f"updating trial id {trial_id}") as s:
-            row = s.get(TrialRow, trial_id)
-            if row is None:
-                raise StorageError(f"trial id {trial_id} does not exist")
-            for key, value in _masked(fields).items():
-                setattr(row, key, value)
-
-    def add_level(self, trial_id: int, level: LevelRecord) -> int:
-        """Add one load level to a stored trial; returns the level's id (retried through an
-        outage like :meth:`add_trial`)."""
-        return self._retrying(
-            f"adding level {level.level_index} to trial id {trial_id}",
-            lambda: self._add_level(trial_id, level),
-            landed=lambda: self._level_id(trial_id, level.level_index),
-        )
-
-    def _level_id(self, trial_id: int, index: int) -> int | NotLanded:
-        with self._session(f"looking for level {index} of trial id {trial_id}") as s:
-            found = s.scalar(
-                select(LevelRow.id).where(
-                    LevelRow.trial_id == trial_id, LevelRow.level_index == index
-                )
-            )
-            return NOT_LANDED if found is None else int(found)
-
-    def _add_level(self, trial_id: int, level: LevelRecord) -> int:
-        duplicate = StorageError(f"trial id {trial_id} already has level {level.level_index}")
-        with self._session(f"adding a level to trial id {trial_id}", on_conflict=duplicate) as s:
-            if s.get(TrialRow, trial_id) is None:
-                raise StorageError(f"trial id {trial_id} does not exist")
-            row = _level_row(level)
-            row.trial_id = trial_id
-            s.add(row)
-            s.flush()
-            return row.id
-
-    def trials(self, study_name: str, *, with_levels: bool = True) -> list[TrialRecord]:
-        """A study's trials by Optuna trial number, each with its levels in order (none with
-        ``with_levels=False``, a quicker read)."""
-        return self._retrying(
-            f"reading the trials of study {study_name!r}",
-            lambda: self._trials(study_name, with_levels),
-        )
-
-    def _trials(self, study_name: str, with_levels: bool) -> list[TrialRecord]:
-        with self._session(f"reading the trials of study {study_name!r}") as s:
-            study_id = self.study_row_id(s, study_name)
-            load = selectinload(TrialRow.levels) if with_levels else lazyload(TrialRow.levels)
-            rows = s.scalars(
-                select(TrialRow)
-                .where(TrialRow.study_id == study_id)
-                .order_by(TrialRow.optuna_trial_number)
-                .options(load)
-            ).all()
-            return [_trial_record(row, study_name, with_levels) for row in rows]
-
-    # -- validation repeats (docs/tuning.md#7-validation) ------------------------------------
-
-    def add_repeats(self, recs: Sequence[RepeatRecord]) -> list[int]:
-        """Store validation runs (all or nothing; a study's plan is added at once); returns
-        their ids. StorageError when one of them (study, repeat, trial) exists already."""
-        if not recs:
-            return []
-        name = recs[0].study_name
-        return self._retrying(
-            f"adding validation runs to study {name!r}",
-            lambda: self._add_repeats(recs),
-            landed=lambda: [r.id for r in self.repeats(name) if r.id is not None] or NOT_LANDED,
-        )
-
-    def _add_repeats(self, recs: Sequence[RepeatRecord]) -> list[int]:
-        name = recs[0].study_name
-        duplicate = StorageError(f"study {name!r} already has a validation plan")
-        with self._session(f"adding validation runs to study {name!r}", duplicate) as s:
-            ids: dict[str, int] = {}
-            rows = []
-            for rec in recs:
-                if rec.study_name not in ids:
-                    ids[rec.study_name] = self.study_row_id(s, rec.study_name)
-                values = {k: getattr(rec, k) for k in _REPEAT_FIELDS}
-                rows.append(RepeatRow(study_id=ids[rec.study_name], **values))
-            s.add_all(rows)
-            s.flush()
-            return [row.id for row in rows]
-
-    def update_repeat(self, repeat_id: int, **fields: Any) -> None:
-        """Set some of a validation run's fields (``state``, its results, timestamps)."""
-        unknown = sorted(set(fields) - set(_REPEAT_FIELDS))
-        if unknown:
-            raise TypeError(
-                f"update_repeat() got unknown fields {unknown}; it accepts {_REPEAT_FIELDS}"
-            )
-        self._retrying(
-            f"updating validation run id {repeat_id}",
-            lambda: self._update_repeat(repeat_id, fields),
-        )
-
-    def _update_repeat(self, repeat_id: int, fields: dict[str, Any]) -> None:
-        with self._session(f"updating validation run id {repeat_id}") as s:
-            row = s.get(RepeatRow, repeat_id)
-            if row is None:
-                raise StorageError(f"validation run id {repeat_id} does not exist")
-            for key, value in fields.items():
-                setattr(row, key, value)
-
-    def claim_repeat(self, repeat_id: int) -> bool:
-        """Move a PENDING validation run to RUNNING, for exactly one caller however many
-        controllers race for it: one conditional UPDATE, atomic on SQLite and PostgreSQL
-        alike (docs/tuning.md#7-validation). False when another controller has it."""
-
-        def claim() -> bool:
-            with self._session(f"claiming validation run id {repeat_id}") as s:
-                done = s.execute(
-                    update(RepeatRow)
-                    .where(RepeatRow.id == repeat_id, RepeatRow.state == "PENDING")
-                    .values(state="RUNNING", started_at=datetime.now(UTC))
-                )
-                return bool(done.rowcount == 1)  # type: ignore[attr-defined]
-
-        return self._retrying(f"claiming validation run id {repeat_id}", claim)
-
-    def repeats(self, study_name: str) -> list[RepeatRecord]:
-        """A study's validation runs in the order they are run (repeat, then position)."""
-        with self._session(f"reading the validation runs of study {study_name!r}") as s:
-            study_id = self.study_row_id(s, study_name)
-            rows = s.scalars(
-                select(RepeatRow)
-                .where(RepeatRow.study_id == study_id)
-                .order_by(RepeatRow.repeat_index, RepeatRow.position)
-            ).all()
-            return [
-                RepeatRecord(
-                    id=row.id,
-                    study_name=study_name,
-                    **{k: getattr(row, k) for k in _REPEAT_FIELDS},
-                )
-                for row in rows
-            ]
-
     # -- plumbing --------------------------------------------------------------------------
-
-    def _retrying(
-        self,
-        what: str,
-        fn: Callable[[], T],
-        landed: Callable[[], T | NotLanded] | None = None,
-    ) -> T:
-        return self.resilience.call(what, fn, landed=landed)
-
-    @staticmethod
-    def study_row_id(s: Session, name: str) -> int:
-        """The id of autotune's row of study ``name`` (not Optuna's study id)."""
-        study_id = s.scalar(select(StudyRow.id).where(StudyRow.name == name))
-        if study_id is None:
-            raise NotFoundError(f"study {name!r} does not exist (see `autotune study list`)")
-        return study_id
-
-    @contextmanager
-    def _session(
-        self, action: str, on_conflict: StorageError | None = None, *, write_lock: bool = False
-    ) -> Iterator[Session]:
-        """A session in one transaction: committed on success, rolled back on any error,
-        with database errors turned into StorageError (``on_conflict`` for a unique
-        violation, whose driver text names a constraint rather than what clashed).
-        ``write_lock``: on SQLite, take the write lock at the start."""
-        try:
-            with (self._write_sessions if write_lock else self._sessions).begin() as s:
-                yield s
-        except IntegrityError as exc:
-            if on_conflict is not None and is_unique_violation(exc):
-                raise on_conflict from exc
-            raise StorageError(f"{action} failed: {one_line(exc)}") from exc
-        except SQLAlchemyError as exc:
-            if is_disk_full(exc):
-                raise disk_full_error(self.url, exc) from exc
-            if is_disconnect(exc):
-                raise ServiceError(
-                    f"{action} failed: lost the study database at {mask_url(self.url)}: "
-                    f"{one_line(exc)}"
-                ) from exc
-            raise StorageError(f"{action} failed at {mask_url(self.url)}: {one_line(exc)}") from exc
-
-
-def _level_row(level: LevelRecord) -> LevelRow:
-    return LevelRow(**{k: getattr(level, k) for k in _LEVEL_FIELDS})
-
-
-def _trial_record(row: TrialRow, study_name: str, with_levels: bool = True) -> TrialRecord:
-    # without levels the relationship is never touched (it would load them one trial at a time)
-    levels = (
-        [LevelRecord(id=lv.id, **{k: getattr(lv, k) for k in _LEVEL_FIELDS}) for lv in row.levels]
-        if with_levels
-        else []
-    )
-    return TrialRecord(
-        id=row.id,
-        study_name=study_name,
-        levels=levels,
-        **{k: getattr(row, k) for k in _TRIAL_FIELDS},
-    )

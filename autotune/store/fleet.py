@@ -1,6 +1,7 @@
 """The controllers that share a study, the worker process groups they started and their
-claims (docs/faults.md#2-controllers-workers-and-claims); the study lock that makes a claim
-exclusive is :mod:`autotune.store.lock`."""
+claims (docs/faults.md#2-controllers-workers-and-claims); the claims themselves are
+:mod:`autotune.store.claim_book`, and the study lock that makes a claim exclusive is
+:mod:`autotune.store.lock`."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from autotune.errors import StorageError
+from autotune.store.claim_book import ClaimBook
 from autotune.store.lock import Locked, study_lock
-from autotune.store.models import ClaimRow, ControllerRow, StudyRow, WorkerRow
-from autotune.store.resilience import NOT_LANDED, NotLanded
+from autotune.store.rows import ControllerRow, StudyRow, WorkerRow
 
 if TYPE_CHECKING:
     from autotune.store.db import Store
 
-__all__ = ["ClaimEntry", "ControllerEntry", "Fleet", "Locked", "WorkerEntry"]
+__all__ = ["ControllerEntry", "Fleet", "Locked", "WorkerEntry"]
 
 
 @dataclass(frozen=True)
@@ -55,18 +55,6 @@ class WorkerEntry:
     state: str
     started_at: datetime
     stopped_at: datetime | None
-
-
-@dataclass(frozen=True)
-class ClaimEntry:
-    key: str
-    trial_number: int | None
-    stage: str | None
-    controller_id: int | None
-    lane: int
-    claimed_at: datetime
-    released_at: datetime | None
-    outcome: str | None
 
 
 def _aware(value: datetime) -> datetime:
@@ -108,7 +96,7 @@ def _worker(r: WorkerRow) -> WorkerEntry:
     )
 
 
-class Fleet:
+class Fleet(ClaimBook):
     """Controllers, workers and claims in ``store``'s database; every call is retried
     through an outage like the store's own."""
 
@@ -307,95 +295,6 @@ class Fleet:
                 return [_worker(r) for r in s.scalars(q).all()]
 
         return self.store._retrying("reading workers", read)
-
-    # -- claims ------------------------------------------------------------------------------
-
-    def _claims(self, s: Session, study_name: str) -> list[ClaimEntry]:
-        q = (
-            select(ClaimRow)
-            .join(StudyRow, StudyRow.id == ClaimRow.study_id)
-            .where(StudyRow.name == study_name)
-            .order_by(ClaimRow.id)
-        )
-        return [
-            ClaimEntry(
-                key=r.key,
-                trial_number=r.trial_number,
-                stage=r.stage,
-                controller_id=r.controller_id,
-                lane=int(r.lane or 0),
-                claimed_at=r.claimed_at,
-                released_at=r.released_at,
-                outcome=r.outcome,
-            )
-            for r in s.scalars(q).all()
-        ]
-
-    def claims(self, study_name: str) -> list[ClaimEntry]:
-        def read() -> list[ClaimEntry]:
-            with self.store._session("reading claims") as s:
-                return self._claims(s, study_name)
-
-        return self.store._retrying("reading claims", read)
-
-    def claim_once(
-        self,
-        study_name: str,
-        key: str,
-        *,
-        controller_id: int | None,
-        stage: str | None = None,
-        lane: int = 0,
-    ) -> bool:
-        """Claim a unit of work that is no Optuna trial (a validation run of the best
-        config, say) by its ``key``: True for exactly one caller, however many race (the
-        key is unique per study), False for every other."""
-        taken = StorageError(f"{key} is already claimed")
-
-        def add() -> bool:
-            try:
-                with self.store._session(f"claiming {key}", on_conflict=taken) as s:
-                    s.add(
-                        ClaimRow(
-                            study_id=self.store.study_row_id(s, study_name),
-                            key=key,
-                            stage=stage,
-                            controller_id=controller_id,
-                            lane=lane,
-                            claimed_at=datetime.now(UTC),
-                        )
-                    )
-                    s.flush()
-            except StorageError as exc:
-                if exc is taken:
-                    return False
-                raise
-            return True
-
-        return self.store._retrying(
-            f"claiming {key}", add, landed=lambda: self._claimed_by(study_name, key, controller_id)
-        )
-
-    def _claimed_by(self, study_name: str, key: str, controller_id: int | None) -> bool | NotLanded:
-        with self.store._session(f"reading claim {key}") as s:
-            mine = [c for c in self._claims(s, study_name) if c.key == key]
-        if not mine:
-            return NOT_LANDED
-        return mine[0].controller_id == controller_id
-
-    def release(self, study_name: str, key: str, outcome: str) -> None:
-        """Close a claim with its outcome (COMPLETE, FAIL or ABANDONED); idempotent."""
-
-        def run() -> None:
-            with self.store._session(f"releasing {key}") as s:
-                study_id = self.store.study_row_id(s, study_name)
-                s.execute(
-                    update(ClaimRow)
-                    .where(ClaimRow.study_id == study_id, ClaimRow.key == key)
-                    .values(outcome=outcome, released_at=datetime.now(UTC))
-                )
-
-        self.store._retrying(f"releasing {key}", run)
 
     # -- the study lock (autotune.store.lock) -----------------------------------------------
 

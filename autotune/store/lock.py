@@ -25,10 +25,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from autotune.store.models import ClaimRow
+from autotune.store.rows import ClaimRow
 
 if TYPE_CHECKING:
-    from autotune.store.fleet import ClaimEntry, Fleet
+    from autotune.store.claim_book import ClaimEntry
+    from autotune.store.fleet import Fleet
 
 __all__ = ["Locked", "lock_key", "study_lock"]
 

@@ -15,7 +15,7 @@ from sqlalchemy import JSON
 from sqlalchemy.types import TypeDecorator
 
 from autotune.store.migrate import VERSION_TABLE, include_object
-from autotune.store.models import Base
+from autotune.store.rows import Base
 
 
 def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
