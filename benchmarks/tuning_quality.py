@@ -55,8 +55,10 @@ from validation_check import search_only, search_only_figures, validation_figure
 from autotune.config import StudyConfig
 from autotune.report.recommend import recommend
 from autotune.store import RepeatRecord, Store, TrialRecord
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.measure import GROUND_TRUTH, measure_config
+from autotune.tuning.outcome import replay_seconds
 
 STRATEGIES = ("staged", "joint", "random", "grid")
 BUDGETS = (10, 20, 40)
@@ -131,9 +133,9 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         "n_trials": n_trials,
         "levels": sum(len(t.levels) for t in trials),
         # engine seconds the trials' levels replayed (docs/tuning.md#10-early-stop-inside-a-level)
-        "replay_s": sum(lv.metrics.get("replay_s", 0.0) for t in trials for lv in t.levels),
+        "replay_s": sum(replay_seconds(lv.metrics) for t in trials for lv in t.levels),
         "feasible_replay_s": sum(
-            lv.metrics.get("replay_s", 0.0) for t in trials for lv in t.levels if lv.feasible
+            replay_seconds(lv.metrics) for t in trials for lv in t.levels if lv.feasible
         ),
         "oracle_s": oracle.oracle_s if oracle else None,
         "oracle_full_s": oracle.full_s if oracle else None,

@@ -22,11 +22,14 @@ from autotune.loadgen import run_load
 from autotune.loadgen.early_stop import StopRule, Tally, needed, stopped_summary
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.metrics import RequestRecord, summarize
+from autotune.loadgen.stopped import StopInfo
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import SimWatch, records_from_sim, sim_engine_args, sim_requests
-from autotune.sim.engine import Engine, simulate
+from autotune.sim.engine import Engine
+from autotune.sim.virtual_loop import simulate
 from autotune.tuning.early_stop import rule_of
+from autotune.tuning.outcome import level_record, replay_seconds
 from autotune.tuning.runners import (
     HttpRunner,
     VirtualRunner,
@@ -133,8 +136,10 @@ class Timed:
         )
 
 
-def _summary(reqs: list[Timed], now: float, rule: StopRule | None) -> tuple[dict[str, Any], bool]:
-    """What a replay knows at ``now``, and whether ``rule`` stops it there."""
+def _summary(
+    reqs: list[Timed], now: float, rule: StopRule | None
+) -> tuple[dict[str, Any], StopInfo | None]:
+    """What a replay knows at ``now``, and the stop when ``rule`` stops it there."""
     t = Tally(len(reqs))
     for q in reqs if rule is not None else ():
         if q.arrival > now:
@@ -156,7 +161,7 @@ def _summary(reqs: list[Timed], now: float, rule: StopRule | None) -> tuple[dict
     ]
     s = summarize(done, max(now, 1e-9))
     if reason is None:
-        return s, False
+        return s, None
     known = [
         (q.arrival + q.ttft if q.arrival + q.ttft <= now else now) - q.arrival
         for q in reqs
@@ -168,7 +173,7 @@ def _summary(reqs: list[Timed], now: float, rule: StopRule | None) -> tuple[dict
         for q in reqs
         if not q.fails and q.n > 1 and q.arrival + q.ttft <= now < q.finish
     ]
-    s = stopped_summary(
+    return stopped_summary(
         s,
         reason=reason,
         at_request=0,
@@ -178,7 +183,6 @@ def _summary(reqs: list[Timed], now: float, rule: StopRule | None) -> tuple[dict
         saved_s_at_least=0.0,
         tpot_known_s=tpots,
     )
-    return s, True
 
 
 def _tpot_bound(q: Timed, now: float) -> float:
@@ -210,18 +214,19 @@ def test_stopped_and_full_replays_of_a_timeline_reach_the_same_verdict(reqs: lis
     events = sorted({q.arrival for q in reqs} | {q.arrival + q.ttft for q in reqs})
     events += sorted(q.finish for q in reqs)
     for now in sorted(events):
-        s, stopped = _summary(reqs, now, RULE)
-        if stopped:
-            assert not verdict, s["early_stop"]
-            assert not score_level(LevelMetrics.from_summary(s), SLO).feasible
+        s, stop = _summary(reqs, now, RULE)
+        if stop is not None:
+            assert not verdict, stop
+            assert not score_level(LevelMetrics.from_summary(s, stop), SLO).feasible
             break
 
 
 def test_a_timeline_stops_once_enough_requests_age_past_the_slo() -> None:
     reqs = [Timed(0.1 * i, 9.0, 0.02, 10, False) for i in range(50)]  # every TTFT 9 s
-    s, stopped = _summary(reqs, 3.15, RULE)  # needed(50) = 2: ages 3.15 and 3.05 s
-    assert stopped and s["early_stop"]["reason"] == "p99_ttft" and s["completed"] == 0
-    assert not _summary(reqs, 3.05, RULE)[1]  # one request older than 3 s only
+    s, stop = _summary(reqs, 3.15, RULE)  # needed(50) = 2: ages 3.15 and 3.05 s
+    assert stop is not None and stop.reason == "p99_ttft" and s["completed"] == 0
+    assert "early_stop" not in s  # the summary holds only bench keys
+    assert _summary(reqs, 3.05, RULE)[1] is None  # one request older than 3 s only
     assert s["p99_ttft_ms"] > 3000.0
 
 
@@ -259,12 +264,12 @@ def test_simulated_levels_reach_the_full_replays_verdict(
     full, cut = _level(None, scale, workload, args), _level(rule, scale, workload, args)
     feasible = score_level(full.metrics, slo, scale).feasible
     assert score_level(cut.metrics, slo, scale).feasible == feasible
-    stop = cut.metrics.summary.get("early_stop")
+    stop = cut.stop
     assert stop is None or not feasible  # a feasible level is never stopped
     if stop is not None:
-        assert stop["reason"] in ("p99_ttft", "p99_tpot")
-        assert cut.metrics.summary["replay_s"] < full.metrics.summary["replay_s"]
-        assert stop["replay_s"] == cut.metrics.summary["replay_s"]
+        assert stop.reason in ("p99_ttft", "p99_tpot")
+        assert cut.replay_s < full.replay_s
+        assert stop.replay_s == cut.replay_s
     else:
         assert cut.metrics == full.metrics
 
@@ -325,11 +330,19 @@ def test_config_switch_and_what_a_stopped_level_records(tmp_path: Path) -> None:
 
         runs[name] = asyncio.run(go())
     m_on, m_off = runs["on"].metrics, runs["off"].metrics
-    assert "early_stop" not in m_off.summary and m_off.total == 400
-    stop = m_on.to_dict()["early_stop"]  # what the level row's metrics column holds
+    assert m_off.stop is None and m_off.total == 400
+    assert "early_stop" not in m_on.summary  # the summary holds only bench keys
+    stored = level_record(0, runs["on"], score_level(m_on, SLO, 8.0)).metrics
+    assert StopInfo.of(stored) == m_on.stop  # what the level row's metrics column holds
+    stop = stored["early_stop"]  # in the shape stored before the stop was typed
     assert stop["reason"] in ("p99_ttft", "p99_tpot") and stop["planned_requests"] == 400
     assert 0 < stop["at_request"] < 400 and stop["saved_s_at_least"] > 0
-    assert m_on.summary["replay_s"] < 0.5 * m_off.summary["replay_s"]
+    assert set(stop) == {"reason", "at_request", "planned_requests", "replay_s"} | {
+        "saved_s_at_least",
+        "bound",
+    }
+    assert replay_seconds(stored) == runs["on"].replay_s
+    assert runs["on"].replay_s < 0.5 * runs["off"].replay_s
     assert not score_level(m_on, SLO, 8.0).feasible
     assert not score_level(m_off, SLO, 8.0).feasible
 
@@ -345,11 +358,11 @@ async def test_http_replay_stops_once_requests_in_flight_age_past_the_ttft_slo(
     res = await run_load(fake.url, specs, model="tiny", early_stop=rule, drain_timeout=5.0)
     assert time.perf_counter() - wall < 1.5  # not the 5 s drain of the hung requests
     stop = res.early_stop
-    assert stop is not None and stop["reason"] == "p99_ttft"
+    assert stop is not None and stop.reason == "p99_ttft"
     assert [r.request_id for r in res.records] == [f"ok{i}" for i in range(10)]
     s = res.summary
     assert s["completed"] == 10 and s["failed"] == 0 and s["p99_ttft_ms"] > 200.0
-    assert not score_level(LevelMetrics.from_summary(s), Slo(p99_ttft_ms=200.0)).feasible
+    assert not score_level(LevelMetrics.from_summary(s, stop), Slo(p99_ttft_ms=200.0)).feasible
 
 
 async def test_http_replay_stops_at_the_first_error_beyond_the_limit(
@@ -360,7 +373,7 @@ async def test_http_replay_stops_at_the_first_error_beyond_the_limit(
     wall = time.perf_counter()
     res = await run_load(fake.url, specs, model="tiny", early_stop=StopRule())
     assert time.perf_counter() - wall < 1.0
-    assert res.early_stop is not None and res.early_stop["reason"] == "error_rate"
+    assert res.early_stop is not None and res.early_stop.reason == "error_rate"
     assert res.summary["errors_by_kind"] == {"http_500": 1} and len(res.records) < 5
     plain = await run_load(fake.url, specs[:3], model="tiny")
     assert plain.early_stop is None and len(plain.records) == 3

@@ -22,9 +22,10 @@ from autotune.loadgen.metrics import RequestRecord, summarize
 from autotune.loadgen.stopped import StopInfo, certain_rate
 from autotune.report.levels import figure_cell, progress_figures, record_stopped
 from autotune.report.notes import trial_note
-from autotune.report.recommend import export_csv, export_json, why_infeasible
+from autotune.report.study_export import export_csv, export_json
 from autotune.report.tables import show_rows, show_table
 from autotune.store import LevelRecord, StudyRecord, TrialRecord
+from autotune.tuning.findings import why_infeasible
 from autotune.tuning.runners import LevelOutcome
 from autotune.tuning.scoring import Slo, score_level
 from autotune.tuning.trial import level_record
@@ -62,7 +63,7 @@ def _stopped(
     """A level stopped on p99 TTFT after ``sent`` of ``planned`` requests, ``late`` of them
     still unfinished past the SLO."""
     s = summarize(_records(ok, refused, truncated, errors), 2.0)
-    s = stopped_summary(
+    s, stop = stopped_summary(
         s,
         reason="p99_ttft",
         at_request=sent,
@@ -71,7 +72,7 @@ def _stopped(
         ttft_known_s=[1.0] * ok + [4.0] * late,
         saved_s_at_least=1.0,
     )
-    return LevelMetrics.from_summary(s)
+    return LevelMetrics.from_summary(s, stop)
 
 
 def _level(m: LevelMetrics, slo: Slo, scale: float = 2.0) -> LevelRecord:
@@ -147,7 +148,7 @@ def test_a_bound_percentile_is_never_read_against_one_over_other_requests() -> N
     # sent is above the p99.9 of the finished ones alone unless both are restated
     m = _stopped(200, 0, 0, 0, sent=210, planned=400, late=10)
     s = m.summary
-    assert s["early_stop"]["bound"] == "ttft"
+    assert m.stop is not None and m.stop.bound == "ttft"
     assert s["p99_ttft_ms"] > SLO_MS and s["p99.9_ttft_ms"] >= s["p99_ttft_ms"]
     assert s["p50_ttft_ms"] <= s["p90_ttft_ms"] <= s["p99_ttft_ms"] <= s["p99.9_ttft_ms"]
     assert s["mean_ttft_ms"] > 1000.0  # over the same requests, the aged ones included

@@ -34,8 +34,11 @@ class BenchOutcome:
     result: LoadResult
 
     def to_json(self, detailed: bool = False) -> dict[str, Any]:
-        """``vllm bench serve``'s result keys plus autotune's extras."""
+        """``vllm bench serve``'s result keys plus autotune's extras (an early stop, should
+        one end the run, in its stored shape)."""
         out = dict(self.result.summary)
+        if self.result.early_stop is not None:
+            out.update(self.result.early_stop.stored())
         out.update(
             model_id=self.server.model_id,
             server_version=self.server.version,

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from autotune.loadgen.stopped import StopInfo
+
 __all__ = ["StopRule", "Tally", "needed", "stopped_summary"]
 
 
@@ -100,14 +102,15 @@ def stopped_summary(
     ttft_known_s: Sequence[float],
     saved_s_at_least: float,
     tpot_known_s: Sequence[float] = (),
-) -> dict[str, Any]:
-    """A stopped level's summary: the one over its finished requests, with ``early_stop``
-    recording why and when. A TTFT stop also takes ``p99_ttft_ms`` over every request whose
-    TTFT is known or bounded (``ttft_known_s``: finished successes' TTFTs, unfinished
-    requests' known TTFT or their age at the stop, a lower bound), so the level reads as
+) -> tuple[dict[str, Any], StopInfo]:
+    """A stopped level's summary (the one over its finished requests, still only bench keys)
+    and the :class:`~autotune.loadgen.stopped.StopInfo` recording why and when. A TTFT stop
+    also takes ``p99_ttft_ms`` over every request whose TTFT is known or bounded
+    (``ttft_known_s``: finished successes' TTFTs, unfinished requests' known TTFT or their
+    age at the stop, a lower bound), so the level reads as
     infeasible for the reason it stopped (by the bound, that p99 exceeds the SLO); a TPOT stop
     counted with unfinished requests' TPOT bounds does the same with ``tpot_known_s``, and
-    ``early_stop["bound"]`` names that latency (``ttft``, ``tpot``; None when no figure was
+    the stop's ``bound`` names that latency (``ttft``, ``tpot``; None when no figure was
     restated): its mean, median and percentiles are all over those requests, so each is a
     lower bound. Its other figures cover the finished requests only (what they say of the
     level: :mod:`autotune.loadgen.stopped`)."""
@@ -118,16 +121,8 @@ def stopped_summary(
         out[f"{reason}_ms"] = float(np.percentile(np.asarray(known) * 1000.0, 99))
         bound = reason.removeprefix("p99_")
         _restate(out, bound, np.asarray(known) * 1000.0)
-    out["early_stop"] = {
-        "reason": reason,
-        "at_request": at_request,
-        "planned_requests": planned,
-        "replay_s": replay_s,
-        "saved_s_at_least": max(saved_s_at_least, 0.0),
-        # the latency whose statistics are over every request sent (lower bounds)
-        "bound": bound,
-    }
-    return out
+    stop = StopInfo(reason, at_request, planned, bound, replay_s, max(saved_s_at_least, 0.0))
+    return out, stop
 
 
 def _restate(out: dict[str, Any], name: str, ms: np.ndarray[Any, Any]) -> None:

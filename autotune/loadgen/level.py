@@ -2,8 +2,8 @@
 
 The load generator's summary (``vllm bench serve``'s keys, :func:`.metrics.summarize`) and the
 in-process simulator both become a :class:`LevelMetrics`; scoring reads it, storage writes its
-fields as columns. The rates are defined here and nowhere else
-(docs/tuning.md#3-the-per-level-record):
+fields as columns (:func:`autotune.tuning.outcome.level_record`). The rates are defined here
+and nowhere else (docs/tuning.md#3-the-per-level-record):
 
 - ``error_rate``: requests that failed for any reason other than ``max_model_len``
   (HTTP errors, timeouts, stalls, cancellations), over every measured request;
@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from autotune.loadgen.stopped import StopInfo
 
 __all__ = ["LevelMetrics", "error_rate", "overlength_rate"]
 
@@ -47,7 +49,13 @@ class LevelMetrics:
     ``failed`` counts every measured request that did not succeed, over-length rejections
     included; ``over_length`` is the part of it refused for length, ``truncated`` the
     successful requests cut short by ``max_model_len``. ``summary`` keeps the full
-    ``vllm bench serve``-style result the record was read from (exports show it).
+    ``vllm bench serve``-style result the record was read from (exports show it), and only
+    that: autotune's own facts of the level are typed fields.
+
+    ``stop`` is the early stop that ended the level (None: it ran to its end,
+    docs/tuning.md#10-early-stop-inside-a-level). It lives here rather than on the runner's
+    level outcome because scoring and the live progress line read it from the metrics alone,
+    before any outcome exists; the outcome reads it from here.
     """
 
     completed: int
@@ -63,8 +71,9 @@ class LevelMetrics:
     goodput: float | None = None
     num_preemptions: float | None = None
     # the worker died during the level: sending stopped, what was measured is kept (never
-    # feasible; docs/vllm.md#9-worker-death); ``summary`` then holds the death's details
+    # feasible; docs/vllm.md#9-worker-death); the runner's level outcome holds the death
     partial: bool = False
+    stop: StopInfo | None = None
     summary: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -93,8 +102,9 @@ class LevelMetrics:
         return overlength_rate(self.over_length, self.truncated, self.total)
 
     @classmethod
-    def from_summary(cls, s: Mapping[str, Any]) -> LevelMetrics:
-        """Read :func:`autotune.loadgen.metrics.summarize`'s result (vLLM's key names)."""
+    def from_summary(cls, s: Mapping[str, Any], stop: StopInfo | None = None) -> LevelMetrics:
+        """Read :func:`autotune.loadgen.metrics.summarize`'s result (vLLM's key names), of a
+        level that ``stop`` ended (None: it ran to its end)."""
         pre = s.get("num_preemptions")
         return cls(
             completed=int(s.get("completed") or 0),
@@ -109,7 +119,7 @@ class LevelMetrics:
             request_throughput=float(s.get("request_throughput") or 0.0),
             goodput=_opt_float(s.get("request_goodput")),
             num_preemptions=_opt_float(pre),
-            partial=bool(s.get("partial", False)),
+            stop=stop,
             summary=dict(s),
         )
 
@@ -122,8 +132,9 @@ class LevelMetrics:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The full summary with the typed fields and both rates on top (what exports and the
-        store's ``metrics`` column hold)."""
+        """The full summary with the typed figures and both rates on top (what exports show;
+        the store's ``metrics`` column adds the level's stored facts to it,
+        :func:`autotune.tuning.outcome.level_record`)."""
         out = dict(self.summary)
         out.update(
             completed=self.completed,
@@ -135,8 +146,6 @@ class LevelMetrics:
         )
         if self.num_preemptions is not None:
             out["num_preemptions"] = self.num_preemptions
-        if self.partial:
-            out["partial"] = True
         return out
 
 

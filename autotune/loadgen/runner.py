@@ -46,6 +46,7 @@ from autotune.loadgen.metrics import (
 )
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.spec import RequestSpec
+from autotune.loadgen.stopped import StopInfo
 from autotune.timing import sleep_until
 
 __all__ = ["LoadResult", "ProgressSnapshot", "ServerInfo", "probe_server", "run_load"]
@@ -88,8 +89,8 @@ class LoadResult:
     stopped_at: float | None = None
     origin: float = 0.0  # time.perf_counter() at t0: converts other clocks to record times
     # the early-stop rule ended the run (docs/tuning.md#10-early-stop-inside-a-level): its
-    # reason and when, also in the summary; the requests it cut have no record
-    early_stop: dict[str, Any] | None = None
+    # reason and when (the summary holds only bench keys); the requests it cut have no record
+    early_stop: StopInfo | None = None
     wall_s: float = 0.0  # wall seconds of the measured phase, t0 to its end
 
     def windowed(self, window_s: float) -> list[dict[str, Any]]:
@@ -490,8 +491,9 @@ async def run_load(
     )
     if (warning := length_warning(summary)) is not None:
         log.warning("%s", warning)
+    ended: StopInfo | None = None
     if run.reason is not None and run.halted_at is not None:
-        summary = _stopped(run, summary, records, requests, wall)
+        summary, ended = _stopped(run, summary, records, requests, wall)
     return LoadResult(
         records=records,
         duration=elapsed,
@@ -501,7 +503,7 @@ async def run_load(
         warmup_records=len(run.warm),
         stopped_at=(None if run.stopped_at is None else (run.stopped_at - run.t0) * time_scale),
         origin=run.t0,
-        early_stop=summary.get("early_stop"),
+        early_stop=ended,
         wall_s=wall,
     )
 
@@ -512,8 +514,8 @@ def _stopped(
     records: Sequence[RequestRecord],
     requests: Sequence[RequestSpec],
     wall: float,
-) -> dict[str, Any]:
-    """The summary of a run the early-stop rule ended (wall seconds replayed)."""
+) -> tuple[dict[str, Any], StopInfo]:
+    """The summary of a run the early-stop rule ended and its stop (wall seconds replayed)."""
     assert run.reason is not None and run.halted_at is not None
     known = [r.ttft for r in records if r.success and not r.warmup and r.ttft is not None]
     known += [b for b in run.cut.values() if b is not None]

@@ -1,13 +1,14 @@
 """What a level the early-stop rule ended measured, for every place that shows levels: the
 CLI's progress lines, ``study show``, the exports and the report
-(docs/tuning.md#10-early-stop-inside-a-level). Pure: takes a level's summary and figures,
-returns what to show.
+(docs/tuning.md#10-early-stop-inside-a-level). Pure: takes a level's stop and figures,
+returns what to show. This module also owns the stop's stored form: the ``early_stop`` key of
+a stored level's metrics (:meth:`StopInfo.stored` writes it, :meth:`StopInfo.of` reads it).
 
 A stopped level's summary (:func:`autotune.loadgen.early_stop.stopped_summary`) holds figures
 over the requests that finished by the stop. Of the level, they say only this:
 
 - the latency it stopped on: when the summary restated it over every request sent (the
-  unfinished ones at a lower bound, ``early_stop["bound"]``), its p99 is a lower bound and is
+  unfinished ones at a lower bound, :attr:`StopInfo.bound`), its p99 is a lower bound and is
   shown as one ("≥");
 - a rate (errors, over-length) only once the requests sent already hold more than the limit
   allows over the whole level (``count / planned > limit``, :func:`certain_rate`): the rate is
@@ -33,7 +34,10 @@ __all__ = [
     "Stopped",
     "certain_rate",
     "stopped_figures",
+    "stopped_view",
 ]
+
+_KEY = "early_stop"  # the stop's key in a stored level's metrics
 
 LATENCIES = ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms")
 THROUGHPUTS = ("output_throughput", "request_throughput", "goodput", "achieved_rate")
@@ -45,25 +49,51 @@ _LABELS = {"p99_ttft": "p99 TTFT", "p99_tpot": "p99 TPOT", "error_rate": "errors
 class StopInfo:
     """Why and when a level stopped: ``reason`` (``p99_ttft``, ``p99_tpot``, ``error_rate``),
     ``at_request`` measured requests sent by then of ``planned``; ``bound``: the latency
-    (``ttft``, ``tpot``) whose figures are over every request sent, None if none is."""
+    (``ttft``, ``tpot``) whose figures are over every request sent, None if none is.
+    ``replay_s``: seconds replayed until the stop (the clock of the replay: wall seconds over
+    HTTP, engine seconds in the simulator); ``saved_s_at_least``: seconds of arrivals the stop
+    left unsent (a lower bound on the time saved). Both 0 when a record predates them."""
 
     reason: str
     at_request: int
     planned: int
     bound: str | None = None
+    replay_s: float = 0.0
+    saved_s_at_least: float = 0.0
 
     @classmethod
-    def of(cls, summary: Mapping[str, Any] | None) -> StopInfo | None:
-        """The stop a level's summary (its ``metrics``) records; None if it ran to its end."""
-        d = (summary or {}).get("early_stop")
+    def of(cls, metrics: Mapping[str, Any] | None) -> StopInfo | None:
+        """The stop a stored level's ``metrics`` record (as :meth:`stored` wrote it); None if
+        the level ran to its end."""
+        d = (metrics or {}).get(_KEY)
         if not isinstance(d, Mapping):
             return None
         reason = str(d.get("reason"))
         # before ``bound`` was recorded a TTFT stop always restated p99 TTFT this way
         bound = d.get("bound", "ttft" if reason == "p99_ttft" else None)
         return cls(
-            reason, int(d.get("at_request") or 0), int(d.get("planned_requests") or 0), bound
+            reason,
+            int(d.get("at_request") or 0),
+            int(d.get("planned_requests") or 0),
+            bound,
+            float(d.get("replay_s") or 0.0),
+            float(d.get("saved_s_at_least") or 0.0),
         )
+
+    def stored(self) -> dict[str, Any]:
+        """What a stored level's ``metrics`` keep of the stop: ``{"early_stop": {...}}``, the
+        shape :meth:`of` reads."""
+        return {
+            _KEY: {
+                "reason": self.reason,
+                "at_request": self.at_request,
+                "planned_requests": self.planned,
+                "replay_s": self.replay_s,
+                "saved_s_at_least": self.saved_s_at_least,
+                # the latency whose statistics are over every request sent (lower bounds)
+                "bound": self.bound,
+            }
+        }
 
     @property
     def early(self) -> bool:
@@ -123,18 +153,29 @@ class Stopped:
 
 
 def stopped_figures(
-    summary: Mapping[str, Any] | None,
+    metrics: Mapping[str, Any] | None,
+    figures: Mapping[str, float | None],
+    certain: Mapping[str, float] | None = None,
+) -> Stopped | None:
+    """:func:`stopped_view` of a stored level, given its ``metrics``."""
+    completed = int((metrics or {}).get("completed") or 0)
+    return stopped_view(StopInfo.of(metrics), completed, figures, certain)
+
+
+def stopped_view(
+    stop: StopInfo | None,
+    completed: int,
     figures: Mapping[str, float | None],
     certain: Mapping[str, float] | None = None,
 ) -> Stopped | None:
     """How ``figures`` (names from :data:`LATENCIES`, :data:`THROUGHPUTS`, :data:`RATES`, as
-    recorded) of a level read, given its ``summary``; None for a level that ran to its end.
-    ``certain`` maps the rates already certain to break their limits (the level's stored
-    violations, scored with :func:`certain_rate`) to their lower bounds."""
-    stop = StopInfo.of(summary)
+    recorded) of a level that ``stop`` ended with ``completed`` requests finished read; None
+    for a level that ran to its end. ``certain`` maps the rates already certain to break
+    their limits (the level's stored violations, scored with :func:`certain_rate`) to their
+    lower bounds."""
     if stop is None:
         return None
-    finished = int((summary or {}).get("completed") or 0) > 0
+    finished = completed > 0
     values: dict[str, float | None] = {}
     bounds: set[str] = set()
     for key, value in figures.items():

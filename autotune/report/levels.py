@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.loadgen.level import LevelMetrics
-from autotune.loadgen.stopped import Stopped
-from autotune.loadgen.stopped import stopped_figures as _figures
+from autotune.loadgen.stopped import Stopped, stopped_view
 from autotune.store import LevelRecord
 from autotune.tuning.findings import record_stopped, stop_note
 
@@ -19,6 +18,7 @@ __all__ = [
     "export_level",
     "figure_cell",
     "progress_figures",
+    "progress_note",
     "record_stopped",
     "stop_note",
     "stop_row",
@@ -27,8 +27,9 @@ __all__ = [
 
 def progress_figures(m: LevelMetrics) -> str:
     """``1,340 tok/s, p99 TTFT 572 ms, p99 TPOT 45.1 ms`` (the progress line's figures)."""
-    s = _figures(
-        m.summary,
+    s = stopped_view(
+        m.stop,
+        m.completed,
         {
             "output_throughput": m.output_throughput,
             "p99_ttft_ms": m.p99_ttft_ms,
@@ -46,6 +47,12 @@ def progress_figures(m: LevelMetrics) -> str:
         f"p99 TTFT {s.text('p99_ttft_ms', ',.0f', ' ms')}, "
         f"p99 TPOT {s.text('p99_tpot_ms', ',.1f', ' ms')}"
     )
+
+
+def progress_note(m: LevelMetrics) -> str:
+    """`` (stopped early on p99 TTFT at request 103 of 400)`` after a stopped level's
+    progress line (:func:`stop_note`'s words), else ""."""
+    return f" ({m.stop.text})" if m.stop is not None else ""
 
 
 def figure_cell(lv: LevelRecord | None, key: str, fmt: str = ",.1f") -> str:

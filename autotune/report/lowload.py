@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autotune.loadgen.stopped import StopInfo
 from autotune.store import LevelRecord, TrialRecord
 
 __all__ = ["HEADROOM", "LowLoad", "below_lowest_load", "lower_capacity_low_hint"]
@@ -83,7 +84,8 @@ def below_lowest_load(trials: Sequence[TrialRecord], mode: str) -> LowLoad | Non
             low.scale,
             low.offered_rate,
             low.request_throughput,
-            bool((low.metrics or {}).get("early_stop")),
+            # any stop: even one once every request was sent cut the unfinished ones
+            StopInfo.of(low.metrics) is not None,
         )
         for t, low in lows
         if low is not None

@@ -16,13 +16,15 @@ import numpy as np
 
 from autotune.loadgen.early_stop import StopRule, stopped_summary
 from autotune.loadgen.metrics import RequestRecord, summarize
+from autotune.loadgen.stopped import StopInfo
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim.adapters import from_sim_timeline, sim_requests
 from autotune.sim.args import EngineArgs, ResolvedArgs
-from autotune.sim.engine import SimResult, simulate
 from autotune.sim.request import RequestTiming, SimRequest
-from autotune.sim.watch import SimWatch
+from autotune.sim.result import SimResult
+from autotune.sim.stop_watch import SimWatch
+from autotune.sim.virtual_loop import simulate
 from autotune.telemetry.summary import LevelTelemetry
 from autotune.workload.core import Workload
 
@@ -119,13 +121,16 @@ def records_from_sim(res: SimResult) -> tuple[list[RequestRecord], float]:
 
 @dataclass(frozen=True)
 class SimLevel:
-    """One replayed level: the bench summary its records give (``replay_s`` and an early
-    stop's figures included, as before), the engine's telemetry over the measured replay and
-    the engine args it ran with, resolved."""
+    """One replayed level: the bench summary its records give (a stopped level's as
+    :func:`~autotune.loadgen.early_stop.stopped_summary` restates it), the engine's telemetry
+    over the measured replay, the engine args it ran with, resolved, the engine seconds
+    replayed (warm-ups excluded) and the early stop that ended it (None: none did)."""
 
     summary: dict[str, Any]
     telemetry: LevelTelemetry
     args: ResolvedArgs
+    replay_s: float = 0.0
+    stop: StopInfo | None = None
 
 
 def replay_level(
@@ -172,13 +177,13 @@ def replay_level(
     if res.stopped_at is not None:
         end = res.stopped_at
     summary = summarize(recs, max(end - start, 1e-9))
-    summary["replay_s"] = res.end - start  # engine seconds replayed (warm-ups excluded)
+    stop = None
     if watch is not None and watch.reason is not None and res.stopped_at is not None:
-        summary = _sim_stopped(summary, watch, res, measured, start, reqs, recs)
+        summary, stop = _sim_stopped(summary, watch, res, measured, start, reqs, recs)
     r = res.args
     t0 = start if warm else -1.0  # the measured replay only
     tel = from_sim_timeline(res, t0, float("inf"), r.max_num_batched_tokens, r.max_num_seqs)
-    return SimLevel(summary, tel, r)
+    return SimLevel(summary, tel, r, res.end - start, stop)
 
 
 def _sim_stopped(
@@ -189,10 +194,10 @@ def _sim_stopped(
     start: float,
     reqs: list[SimRequest],
     recs: list[RequestRecord],
-) -> dict[str, Any]:
-    """The summary of a level the watch stopped: every TTFT known or bounded at the stop
-    (docs/tuning.md#10-early-stop-inside-a-level) and what the stop saved at least (the
-    arrivals still to come)."""
+) -> tuple[dict[str, Any], StopInfo]:
+    """The summary and the stop of a level the watch stopped: every TTFT known or bounded at
+    the stop (docs/tuning.md#10-early-stop-inside-a-level) and what the stop saved at least
+    (the arrivals still to come)."""
     assert watch.reason is not None and res.stopped_at is not None
     stop = res.stopped_at
     known = [

@@ -3,22 +3,34 @@
 A runner returns a :class:`LevelOutcome`: the level's typed metrics, the server's telemetry
 and the bottleneck read from it (docs/method.md#3-reading-the-bottleneck), and, when the
 worker died under load, a :class:`LevelDeath` (docs/vllm.md#9-worker-death). This module is
-the one place that turns them into the stored :class:`~autotune.store.LevelRecord`.
+the one place that turns them into the stored :class:`~autotune.store.LevelRecord`
+(:func:`level_record`), and it owns the stored keys of the replayed seconds
+(:func:`replay_seconds`) and of the death (:meth:`LevelDeath.stored_metrics`); the early stop's
+key is :class:`~autotune.loadgen.stopped.StopInfo`'s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.loadgen.level import LevelMetrics
+from autotune.loadgen.stopped import StopInfo
 from autotune.store import LevelRecord
 from autotune.telemetry.diagnosis import Diagnosis
 from autotune.telemetry.summary import LevelTelemetry
 from autotune.tuning.scoring import LevelScore
 from autotune.workers.watch import DeathReport
 
-__all__ = ["LevelDeath", "LevelOutcome", "level_record"]
+__all__ = ["LevelDeath", "LevelOutcome", "level_record", "replay_seconds"]
+
+_REPLAY_S = "replay_s"  # seconds replayed, in a stored level's metrics
+
+
+def replay_seconds(metrics: Mapping[str, Any]) -> float:
+    """The seconds a stored level replayed (its ``metrics``; 0 when not recorded)."""
+    return float(metrics.get(_REPLAY_S, 0.0))
 
 
 @dataclass(frozen=True)
@@ -57,13 +69,26 @@ class LevelDeath:
             "stopped_at_s": self.stopped_at_s,
         }
 
+    def stored_metrics(self) -> dict[str, Any]:
+        """The keys a cut-short level's stored metrics add: ``partial``, how far the level
+        got and the death (:meth:`stored`)."""
+        return {
+            "partial": True,
+            "planned_requests": self.planned_requests,
+            "sent_requests": self.sent_requests,
+            "last_sent_at_s": self.last_sent_at_s,
+            "worker_death": self.stored(),
+        }
+
 
 @dataclass
 class LevelOutcome:
     """One level a runner replayed: its load (``scale`` times the workload's rate, the
     offered requests per second when the workload has arrival times), its metrics, the
-    server's telemetry and the diagnosis read from it (None when none was scraped), and the
-    worker's death when it died during the level."""
+    server's telemetry and the diagnosis read from it (None when none was scraped), the
+    worker's death when it died during the level, and the seconds replayed (warm-ups
+    excluded; wall seconds over HTTP, engine seconds in the simulator; None when not
+    measured). The early stop is the metrics' (:attr:`stop`)."""
 
     scale: float
     offered_rate: float | None
@@ -71,12 +96,27 @@ class LevelOutcome:
     telemetry: LevelTelemetry | None = None
     diagnosis: Diagnosis | None = None
     death: LevelDeath | None = None
+    replay_s: float | None = None
+
+    @property
+    def stop(self) -> StopInfo | None:
+        """The early stop that ended the level (None: it ran to its end); the metrics own it,
+        scoring reads it there."""
+        return self.metrics.stop
 
 
 def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
     """The stored form of one level: the typed metrics' fields as columns, the violations in
-    words, the full summary as JSON."""
+    words, and as the ``metrics`` JSON the full summary with the replayed seconds, the early
+    stop and the worker's death, each in the shape its owner reads back."""
     m = out.metrics
+    stored = m.to_dict()
+    if out.replay_s is not None:
+        stored[_REPLAY_S] = out.replay_s
+    if m.stop is not None:
+        stored.update(m.stop.stored())
+    if out.death is not None:
+        stored.update(out.death.stored_metrics())
     return LevelRecord(
         level_index=i,
         scale=out.scale,
@@ -96,7 +136,7 @@ def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
         goodput=m.goodput,
         feasible=ls.feasible,
         violations=[v.to_dict() for v in ls.broken],
-        metrics=m.to_dict(),
+        metrics=stored,
         telemetry=out.telemetry.to_dict() if out.telemetry is not None else None,
         diagnosis=out.diagnosis.to_dict() if out.diagnosis is not None else None,
     )

@@ -165,8 +165,8 @@ class VirtualRunner:
             warmup=self.warmup,
             early_stop=self.early_stop,
         )
-        metrics = LevelMetrics.from_summary(level.summary)
-        out = LevelOutcome(scale, _offered(workload, scale), metrics)
+        metrics = LevelMetrics.from_summary(level.summary, level.stop)
+        out = LevelOutcome(scale, _offered(workload, scale), metrics, replay_s=level.replay_s)
         r = level.args
         return _with_diagnosis(out, level.telemetry, r.max_num_seqs, r.max_num_batched_tokens)
 
@@ -311,8 +311,12 @@ class HttpRunner:
             )
             if self.worker.death() is not None:
                 await scraper.abandon()  # no after snapshot from a dead or frozen server
-        res.summary["replay_s"] = res.wall_s  # wall seconds replayed (warm-ups excluded)
-        out = LevelOutcome(scale, _offered(workload, scale), LevelMetrics.from_summary(res.summary))
+        out = LevelOutcome(
+            scale,
+            _offered(workload, scale),
+            LevelMetrics.from_summary(res.summary, res.early_stop),
+            replay_s=res.wall_s,  # wall seconds replayed (warm-ups excluded)
+        )
         if res.stopped_at is not None:
             await asyncio.sleep(_LOG_SETTLE_S)  # the dying server's last log lines
             self._flag_partial(out, res, len(wl.requests))
@@ -344,15 +348,7 @@ class HttpRunner:
             max(sent, default=None),
         )
         out.death = death
-        summary = {
-            **out.metrics.summary,
-            "partial": True,
-            "planned_requests": death.planned_requests,
-            "sent_requests": death.sent_requests,
-            "last_sent_at_s": death.last_sent_at_s,
-            "worker_death": death.stored(),
-        }
-        out.metrics = dataclasses.replace(out.metrics, partial=True, summary=summary)
+        out.metrics = dataclasses.replace(out.metrics, partial=True)
 
     def failure(self) -> FailureMatch | None:
         return self.worker.failure()

@@ -33,7 +33,7 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune.config import StrategyConfig
-from autotune.tuning.attrs import SCREENING_KEY as SCREENING_ATTR  # the study attribute
+from autotune.loadgen.stopped import StopInfo
 from autotune.tuning.attrs import (
     BaselineEvidence,
     baseline_evidence,
@@ -42,6 +42,7 @@ from autotune.tuning.attrs import (
     stage_of,
 )
 from autotune.tuning.space import MNBT_PARAM, SpaceBounds
+from autotune.tuning.study_attrs import SCREENING_KEY as SCREENING_ATTR  # the study attribute
 
 __all__ = [
     "CONCURRENCY",
@@ -97,7 +98,7 @@ def capacity_bracket(levels: Sequence[Any]) -> list[Any]:
     the bracket (every level when none met the SLOs). A level stopped early
     (docs/tuning.md#10-early-stop-inside-a-level) replayed only its start, so its peak KV
     usage is not the level's: it is left out."""
-    levels = [lv for lv in levels if not (getattr(lv, "metrics", None) or {}).get("early_stop")]
+    levels = [lv for lv in levels if StopInfo.of(getattr(lv, "metrics", None)) is None]
     feasible = [lv for lv in levels if lv.feasible]
     if not feasible:
         return list(levels)

@@ -27,7 +27,6 @@ import numpy as np
 from autotune.config import StudyConfig
 from autotune.errors import StorageError, WorkerStartupError
 from autotune.store import RepeatRecord, Store, TrialRecord
-from autotune.tuning.attrs import VALIDATION_KEY as VALIDATION_ATTR  # the study attribute
 from autotune.tuning.capacity import Lattice
 from autotune.tuning.events import (
     OnEvent,
@@ -39,6 +38,7 @@ from autotune.tuning.events import (
 from autotune.tuning.interval import ValidationSummary, summary_of
 from autotune.tuning.runners import HttpRunner, LevelOutcome, Runner, capacity_search
 from autotune.tuning.scoring import Slo, record_rank, score_level, worst_slo_margin
+from autotune.tuning.study_attrs import VALIDATION_KEY as VALIDATION_ATTR  # the study attribute
 from autotune.workload.build import sample_description, workload_sample
 from autotune.workload.core import Workload
 
@@ -238,7 +238,7 @@ async def _capacity_run(cfg: StudyConfig, runner: Runner, wl: Workload, loose: S
     )
     # a level that replayed to its end: a stopped one counts only the requests it finished
     # (docs/tuning.md#10-early-stop-inside-a-level)
-    full = [o for o in seen if "early_stop" not in o.metrics.summary] or seen
+    full = [o for o in seen if o.stop is None] or seen
     if full and full[0].metrics.total:
         rate = (full[0].metrics.overlength_rate, full[0].metrics.total)
     dead = runner.failure()
