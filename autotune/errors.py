@@ -53,7 +53,17 @@ class AutotuneError(Exception):
 
 
 class ConfigError(AutotuneError):
-    """Bad configuration: the message names the field, file and line where known."""
+    """Bad configuration: the message names the field, file and line where known.
+
+    ``field`` is the path of the config field the error is about, as pydantic's ``loc``
+    gives it (``("enqueue", 0, "max_model_len")``), when it is raised from a known field, so
+    a caller can locate it in the file (docs/bad-input.md) without reading the message; None
+    when the error is about no one field (a file, a flag, the document).
+    """
+
+    def __init__(self, message: str, *, field: tuple[str | int, ...] | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class NotFoundError(AutotuneError):

@@ -32,9 +32,11 @@ import optuna
 import yaml
 
 from autotune.config import StudyConfig, parse_config
-from autotune.report.recommend import export_json, recommend
+from autotune.report.recommend import recommend
+from autotune.report.study_export import export_json
 from autotune.store import Store
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.measure import GROUND_TRUTH, measure_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"

@@ -266,7 +266,7 @@ def test_no_space_left_anywhere_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ENOSPC outside the database (a report, a log) is the machine's state, not a bug."""
-    import autotune.cli.study as study_cli
+    import autotune.cli.stored_studies as study_cli
 
     def full(_data: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", "/out/list.json")

@@ -24,10 +24,10 @@ import yaml
 from support.nightly import write_config, write_trace
 
 from autotune import cli
-from autotune.nightly.config import load_nightly_config
 from autotune.nightly.drift import TrafficProfile
 from autotune.nightly.job import rollback, run_nightly
-from autotune.nightly.records import decisions
+from autotune.nightly.job_config import load_nightly_config
+from autotune.nightly.job_records import decisions
 from autotune.store import Store
 
 DAY1 = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
@@ -174,7 +174,7 @@ def test_overlapping_runs_second_exits_with_one_line(
             textwrap.dedent(
                 f"""
                 import sys, time
-                from autotune.nightly.lock import held_lock
+                from autotune.nightly.job_lock import held_lock
                 from autotune.store import Store
                 with Store.open({url!r}) as s, held_lock(s, "nightly:chat", "busy"):
                     print("held", flush=True)

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from autotune.errors import ConfigError
-from autotune.nightly.config import DriftConfig, load_nightly_config
 from autotune.nightly.drift import TrafficProfile, detect_drift, traffic_profile
+from autotune.nightly.job_config import DriftConfig, load_nightly_config
 from autotune.nightly.warmstart import project, widen_for
 from autotune.tuning.space import SpaceBounds
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from autotune.loadgen import run_load
-from autotune.nightly.config import NightlyConfig
+from autotune.nightly.job_config import NightlyConfig
 from autotune.nightly.promfit import fit_lognormal, refresh_from_prometheus, rejected_warning
-from autotune.sim.metrics import build_1_2_5_buckets
+from autotune.sim.vllm_page import build_1_2_5_buckets
 from autotune.telemetry import PrometheusTelemetry, write_sd_targets
 from autotune.workers import SimWorker
 from autotune.workload.core import WorkloadRequest

@@ -12,8 +12,8 @@ import pytest
 from support.databases import BACKENDS, fresh_database
 
 from autotune.errors import BusyError, NotFoundError, StorageError
-from autotune.nightly.lock import held_lock
-from autotune.nightly.records import (
+from autotune.nightly.job_lock import held_lock
+from autotune.nightly.job_records import (
     DecisionRecord,
     ScheduleRecord,
     add_decision,

@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 import pytest
 from support.studies import config
 
-from autotune.report import plots
-from autotune.report.summary import StudyView, study_view
+from autotune.report import load_figures, plots
+from autotune.report.study_view import StudyView, study_view
 from autotune.store import LevelRecord, StudyRecord, TrialRecord
 
 NAN = float("nan")
@@ -113,7 +113,7 @@ def test_latency_vs_load_skips_zero_and_nan_and_counts_them() -> None:
         [_level(0.25, 0.0, 0.0, 0.0, False), _level(0.5, 300.0, NAN, 500.0, True)],
         500.0,
     )
-    fig = plots.latency_vs_load_figure(_view([base, _good(1)]))
+    fig = load_figures.latency_vs_load_figure(_view([base, _good(1)]))
     ys = [y for tr in fig.data for y in (tr.y or ())]
     assert ys and all(math.isfinite(y) and y > 0 for y in ys)
     # the baseline at x0.25 (TTFT 0, TPOT 0) and at x0.5 (TPOT NaN): three values left off
@@ -121,7 +121,7 @@ def test_latency_vs_load_skips_zero_and_nan_and_counts_them() -> None:
 
 
 def test_no_latency_at_all_says_so_and_draws_no_slo_over_an_invented_span() -> None:
-    fig = plots.latency_vs_load_figure(_view([_dead_baseline()]))
+    fig = load_figures.latency_vs_load_figure(_view([_dead_baseline()]))
     assert "no latency measured at any load" in _subtitle(fig)
     assert all(len(tr.x or ()) == 0 for tr in fig.data)
 
@@ -145,7 +145,7 @@ def test_timeline_gaps_are_gaps() -> None:
     }
     view = _view([_trial(0, "baseline", [lv], 900.0)])
     assert view.rec is not None and view.rec.trial.levels[0] is lv
-    fig = plots.timeline_figure(view)
+    fig = load_figures.timeline_figure(view)
     by_name = {tr.name: list(tr.y) for tr in fig.data}
     assert by_name["KV usage"] == [50.0, None, None]
     assert by_name["running"] == [3, None, 4]

@@ -9,7 +9,7 @@ import dataclasses
 import optuna
 
 from autotune.report.recommend import Recommendation, gain_text
-from autotune.report.summary import pareto_front
+from autotune.report.study_view import pareto_front
 from autotune.report.tables import short_stage
 from autotune.store import TrialRecord
 from autotune.telemetry.stats import SERIES_BINS, downsample

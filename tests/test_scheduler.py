@@ -13,7 +13,7 @@ from support.nightly import write_config
 
 from autotune import cli
 from autotune.errors import BusyError, ConfigError
-from autotune.nightly.records import (
+from autotune.nightly.job_records import (
     DecisionRecord,
     ScheduleRecord,
     add_decision,

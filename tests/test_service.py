@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from autotune import cli
-from autotune.nightly.records import DecisionRecord, add_decision
+from autotune.nightly.job_records import DecisionRecord, add_decision
 from autotune.service.app import Settings, make_app, routes_of
 from autotune.service.openapi import openapi_document
 from autotune.service.policy import ServerWorker

@@ -19,9 +19,10 @@ from support.studies import config
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.report.recommend import format_recommendation, recommend
+from autotune.report.best_output import format_recommendation
+from autotune.report.recommend import recommend
 from autotune.store import Store, StudyRecord, TrialRecord
-from autotune.tuning import controller, lanes, validate
+from autotune.tuning import context, controller, create, lanes, validate
 from autotune.tuning.interval import summary_of
 from autotune.tuning.runners import LevelOutcome, StartInfo
 from autotune.tuning.validate import VALIDATION_ATTR, run_validation
@@ -308,7 +309,7 @@ def test_a_study_validates_after_its_search_within_its_time_limit(
     def runner(cfg: Any, *_: Any, **__: Any) -> Timed:
         return Timed(cfg.seed, spec, [])
 
-    monkeypatch.setattr(controller, "make_runner", runner)
+    monkeypatch.setattr(context, "make_runner", runner)
     cfg, text = config(
         strategy={
             "name": "joint",
@@ -318,7 +319,7 @@ def test_a_study_validates_after_its_search_within_its_time_limit(
         }
     )
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
-        controller.create_study(cfg, text, store)
+        create.create_study(cfg, text, store)
         study = optuna.load_study(study_name="t", storage=store.optuna_storage())
         # every config the sampler picks gets a capacity from its max_num_seqs
         spec.update({n: (0.5 + n / 512, 0.01) for n in range(1, 4097)})
@@ -377,7 +378,7 @@ def test_a_killed_controllers_run_is_measured_again_after_fail_running(
 ) -> None:
     spec = {n: (0.5 + n / 512, 0.01) for n in range(1, 4097)}
     monkeypatch.setattr(
-        controller, "make_runner", lambda cfg, *_, **__: NoisyRunner(cfg.seed, spec, [])
+        context, "make_runner", lambda cfg, *_, **__: NoisyRunner(cfg.seed, spec, [])
     )
     cfg, text = config(
         strategy={
@@ -388,7 +389,7 @@ def test_a_killed_controllers_run_is_measured_again_after_fail_running(
         }
     )
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
-        controller.create_study(cfg, text, store)
+        create.create_study(cfg, text, store)
         assert controller.run_study("t", store).validation_runs == 6
         stuck = store.repeats("t")[2]
         assert stuck.id is not None

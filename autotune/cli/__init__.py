@@ -4,8 +4,8 @@ Errors: library code raises :class:`~autotune.errors.AutotuneError` subclasses w
 written for users; :func:`main` turns them into one ``error: ...`` line and the class's exit
 status (1 for most, 4 not found, 5 a service unreachable; 2 is the parser's usage errors).
 Anything else is a bug and keeps its traceback. Commands live in one module per command
-group (``sim``, ``bench``, ``study``, ``db``, ``report``/``dashboard``); importing them
-registers them on ``app``.
+group (``sim``, ``bench``, ``study`` and ``stored_studies``, ``database`` for ``db``,
+``report``/``dashboard``); importing them registers them on ``app``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from typing import Any
 import typer
 
 from autotune.cli import bench as _bench  # noqa: F401  (registers ``autotune bench``)
+from autotune.cli import database as _database  # noqa: F401  (registers ``autotune db``)
 from autotune.cli import nightly as _nightly  # noqa: F401  (``autotune nightly ...``)
 from autotune.cli import report as _report  # noqa: F401  (``autotune report``, ``dashboard``)
 from autotune.cli import schedule as _schedule  # noqa: F401  (``schedule``, ``scheduler``)
 from autotune.cli import serve as _serve  # noqa: F401  (registers ``autotune serve``)
 from autotune.cli import sim as _sim  # noqa: F401  (registers ``autotune sim ...``)
-from autotune.cli import study as _study  # noqa: F401  (registers ``autotune study/db``)
+from autotune.cli import stored_studies as _stored  # noqa: F401  (``study list/show/...``)
+from autotune.cli import study as _study  # noqa: F401  (``autotune study create/run``)
 from autotune.cli._app import app
 from autotune.errors import AutotuneError
 from autotune.inputs import clip

@@ -22,7 +22,7 @@ from autotune.log import setup_logging
 if TYPE_CHECKING:
     pass
 
-__all__ = ["app", "console", "print_json", "sim_app"]
+__all__ = ["app", "console", "db_app", "print_json", "sim_app", "study_app"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,12 @@ sim_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(sim_app, name="sim")
+# the study commands live in two modules (autotune.cli.study, autotune.cli.stored_studies) and
+# the database's in a third; their groups are registered here, in the order --help lists them
+study_app = typer.Typer(help="Create, run and inspect tuning studies.", no_args_is_help=True)
+app.add_typer(study_app, name="study")
+db_app = typer.Typer(help="The study database.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 
 # Piped output (files, CI logs, tests) has no terminal width; rich would then wrap tables at
 # 80 columns and split long model names across lines. Tables only take the width they need.

@@ -9,10 +9,11 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app, print_json
-from autotune.cli.study import StorageOpt, open_store, progress_printer
+from autotune.cli.database import StorageOpt, open_store
+from autotune.cli.progress import progress_printer
 from autotune.errors import ConfigError
-from autotune.nightly.config import load_nightly_config
-from autotune.nightly.records import DecisionRecord, decisions
+from autotune.nightly.job_config import load_nightly_config
+from autotune.nightly.job_records import DecisionRecord, decisions
 
 __all__ = ["decision_lines", "history", "nightly", "rollback_cmd"]
 

@@ -12,10 +12,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import typer
 
 from autotune.cli._app import app, console
-from autotune.cli.study import StorageOpt, need_study, study_store
+from autotune.cli.database import StorageOpt, need_study, study_store
 from autotune.errors import ConfigError, MissingExtraError
-from autotune.tuning.attrs import study_id
-from autotune.tuning.controller import load_study_config
+from autotune.tuning.create import load_study_config
+from autotune.tuning.study_attrs import study_id
 
 __all__ = ["dashboard", "report"]
 
@@ -55,7 +55,7 @@ def report(
     if html is not None:
         render_html = _need_extra("autotune report --html", "autotune.report.html").render_html
     from autotune.report.notes import markdown_report
-    from autotune.report.summary import study_view
+    from autotune.report.study_view import study_view
 
     with study_store(storage, name) as store:
         rec = need_study(store, name)

@@ -13,9 +13,9 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app, print_json
-from autotune.cli.study import StorageOpt, open_store
-from autotune.nightly.config import load_nightly_config
-from autotune.nightly.records import ScheduleRecord, add_schedule, remove_schedule, schedules
+from autotune.cli.database import StorageOpt, open_store
+from autotune.nightly.job_config import load_nightly_config
+from autotune.nightly.job_records import ScheduleRecord, add_schedule, remove_schedule, schedules
 
 __all__ = ["add", "list_cmd", "remove", "scheduler"]
 

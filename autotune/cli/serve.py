@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app
-from autotune.cli.study import StorageOpt, open_store
+from autotune.cli.database import StorageOpt, open_store
 from autotune.errors import ConfigError
 from autotune.inputs import special_file
 

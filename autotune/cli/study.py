@@ -1,137 +1,34 @@
-"""``autotune study ...`` and ``autotune db upgrade``: plain functions over the controller."""
+"""``autotune study create`` and ``autotune study run``: a config checked and stored, and a
+study run with its progress printed and its recommendation at the end."""
 
 from __future__ import annotations
 
-import os
-import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from autotune import preflight, sizing
-from autotune.cli._app import app, console, print_json
+from autotune.cli._app import console, study_app
+from autotune.cli.database import StorageOpt, open_store, study_store
+from autotune.cli.progress import progress_printer
 from autotune.config import MAX_TIMEOUT_S, MAX_TRIALS, parse_config, read_config_text, source_map
-from autotune.errors import ConfigError, NotFoundError, StorageError
+from autotune.errors import ConfigError, NotFoundError
 from autotune.inputs import MAX_CONFIG_BYTES
 from autotune.report import dashboard
-from autotune.report.levels import progress_figures, stop_note
+from autotune.report.best_output import format_recommendation
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
-from autotune.report.recommend import (
-    best_json,
-    capacity_rps,
-    export_csv,
-    export_json,
-    format_recommendation,
-    no_feasible_reason,
-    recommend,
-    why_infeasible,
-)
-from autotune.report.tables import list_json, list_table, show_json, show_rows, show_table
-from autotune.store import NoDatabaseError, Store, StudyRecord, resolve_url
-from autotune.store.db import ENV_VAR
-from autotune.tuning.controller import create_study, load_study_config, run_study
-from autotune.tuning.events import (
-    Event,
-    LevelDone,
-    LevelProgress,
-    OnEvent,
-    RunStart,
-    TrialAbandoned,
-    TrialDone,
-    TrialStart,
-    ValidationRunDone,
-    ValidationStart,
-    Waiting,
-    WorkerDied,
-    WorkerFailed,
-)
-from autotune.tuning.interval import summary_of
+from autotune.report.recommend import no_feasible_reason, recommend
+from autotune.store import Store
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study, load_study_config
 from autotune.tuning.lanes import parse_devices, plan_lanes
-from autotune.tuning.status import study_plan, study_status
+from autotune.tuning.status import study_plan
 from autotune.tuning.stopping import Interrupted
 
-__all__ = [
-    "JsonOpt",
-    "StorageOpt",
-    "best",
-    "create",
-    "delete",
-    "export",
-    "list_cmd",
-    "need_study",
-    "open_store",
-    "progress_printer",
-    "run_cmd",
-    "show",
-    "status",
-    "study_store",
-    "upgrade",
-]
-
-study_app = typer.Typer(help="Create, run and inspect tuning studies.", no_args_is_help=True)
-db_app = typer.Typer(help="The study database.", no_args_is_help=True)
-app.add_typer(study_app, name="study")
-app.add_typer(db_app, name="db")
-
-StorageOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--storage",
-        help=f"database URL (default: ${ENV_VAR}, the config's, or sqlite:///autotune.db)",
-    ),
-]
-
-
-def _quiet_optuna() -> None:
-    # Optuna logs every study creation at INFO on stderr; our own output says what happened.
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _url(storage: str | None, config_storage: str | None = None) -> str | None:
-    """The database setting that applies (--storage, $AUTOTUNE_DATABASE_URL, the config's);
-    one that is not a URL is refused naming the setting it came from."""
-    if storage is not None and not storage.strip():
-        # an empty --storage once fell back to the default SQLite file without a word
-        raise typer.BadParameter("is empty; give a database URL", param_hint="'--storage'")
-    url, origin = (
-        (storage, "--storage")
-        if storage is not None
-        else (os.environ.get(ENV_VAR), f"${ENV_VAR}")
-        if os.environ.get(ENV_VAR)
-        else (config_storage, "the config's storage")
-        if config_storage is not None
-        else (None, "")
-    )
-    try:
-        resolve_url(url)
-    except StorageError as exc:
-        raise StorageError(f"{origin}: {exc}") from exc
-    return url
-
-
-def open_store(
-    storage: str | None, config_storage: str | None = None, *, create: bool = True
-) -> Store:
-    """The study database; with ``create=False`` (every command but ``study create`` and
-    ``db upgrade``) never a new one: a SQLite file that does not exist is
-    :class:`NoDatabaseError`."""
-    _quiet_optuna()
-    return Store.open(_url(storage, config_storage), create=create)
-
-
-JsonOpt = Annotated[
-    bool,
-    typer.Option("--json", help="print JSON (schema: docs/report.md#5-machine-readable-output)"),
-]
+__all__ = ["create", "run_cmd"]
 
 
 def _warn(line: str) -> None:
@@ -177,117 +74,14 @@ def _check_gpus(gpus: str | None, per_trial: int | None) -> None:
         )
 
 
-_FIELD = re.compile(r"[A-Za-z_]\w*(\[\d+\])?(\.[A-Za-z_]\w*(\[\d+\])?)*")
-
-
 def _located(exc: ConfigError, text: str, source: str) -> ConfigError:
-    """A create-time error naming a field (``search.max_model_len: ...``,
-    ``enqueue[0].max_model_len: ...``) with the file and line of that field prepended."""
-    msg = str(exc)
-    head = msg.split(": ", 1)[0]
-    if not _FIELD.fullmatch(head):
-        return exc  # not a field's message (a path, a file:line already)
-    path: list[str | int] = []
-    for part in head.replace("]", "").split("."):
-        name, _, idx = part.partition("[")
-        path.append(name)
-        if idx.isdigit():
-            path.append(int(idx))
-    return ConfigError(f"{source_map(text, source).where(tuple(path))}: {msg}")
-
-
-def _rate(rps: float | None) -> str:
-    return f" ({rps:,.2f} req/s)" if rps is not None else ""
-
-
-def progress_printer() -> OnEvent:
-    """Progress lines. Trial numbers are Optuna's (0-based, as `study show` and `best` print
-    them); "k of n" counts complete trials against the plan."""
-    out = console()
-
-    def on_event(e: Event) -> None:
-        # a parallel run's lines name their trial and devices: the lanes' lines interleave
-        lane = getattr(e, "lane", None)
-        tag = f"trial {getattr(e, 'number', None)} on gpu {lane.devices}: " if lane else ""
-        match e:
-            case RunStart():
-                limit = f", stops after {e.timeout_s:,.0f} s" if e.timeout_s else ""
-                lanes = e.lanes
-                par = f"; {len(lanes)} at a time on gpu {' | '.join(lanes)}" if lanes else ""
-                out.print(f"plan: {e.planned} trials ({e.done} done{limit}{par})")
-                for line in e.recovered:  # what dead runs left, and how it was fixed
-                    out.print(f"recovered: {escape(line)}")
-            case Waiting():  # other controllers run the rest of the stage
-                out.print(f"waiting: {escape(e.reason)}")
-            case TrialAbandoned():
-                print(f"{e.line}", file=sys.stderr)
-            case TrialStart():
-                ea = e.engine_args
-                pos = e.position
-                of = f" ({pos[0]} of {pos[1]})" if pos else ""
-                on = f" on gpu {lane.devices}" if lane else ""
-                out.print(
-                    f"[bold]trial {e.number}{of}[/bold]{on} {escape('[' + e.stage + ']')} "
-                    f"max_model_len={ea['max_model_len']} "
-                    f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
-                    f"max_num_seqs={ea['max_num_seqs']} "
-                    f"max_num_batched_tokens={ea['max_num_batched_tokens']}"
-                )
-            case LevelProgress() if out.is_terminal and not tag:  # live replay (HTTP)
-                p99 = f"{e.p99_ttft_ms:,.0f} ms" if e.p99_ttft_ms is not None else "-"
-                out.print(
-                    f"    load x{e.scale:.3f}: sent {e.sent}/{e.planned}, completed "
-                    f"{e.completed}, failed {e.failed}, p99 TTFT so far {p99}",
-                    end="\r",
-                )
-            case LevelDone():
-                m = e.metrics
-                verdict = "ok" if e.feasible else escape("; ".join(e.violations) or "violates")
-                verdict += stop_note(m.summary)  # docs/tuning.md#10-early-stop-inside-a-level
-                out.print(
-                    f"    {tag}load x{e.scale:.3f}{_rate(e.offered_rate)}: "
-                    f"{progress_figures(m)} -> {verdict}"
-                )
-            case WorkerFailed():
-                out.print(f"    {tag}worker failed: {e.failure_class}: {escape(e.message)}")
-            case WorkerDied():  # mid-level: the level stopped, its partial results kept
-                what = "hung" if e.failure_class == "HUNG" else "died"  # a hang is no death
-                out.print(
-                    f"    {tag}load x{e.scale:.2f}: worker {what} ({e.failure_class}): "
-                    f"{escape(e.message)}; level stopped, partial results kept"
-                )
-            case ValidationStart():
-                out.print(
-                    f"validation: re-measuring the top configs and the baseline on fresh "
-                    f"workload samples ({e.pending} of {e.planned} runs to go)"
-                )
-            case ValidationRunDone():
-                res = e.result
-                fig = (
-                    f"x{res.capacity_scale:.3f}"
-                    if e.mode == "slo-capacity" and res.capacity_scale is not None
-                    else f"{res.objective:,.0f} tok/s"
-                    if res.objective is not None
-                    else "-"
-                )
-                verdict = "ok" if res.slo_held else escape("; ".join(res.violations) or "violates")
-                out.print(
-                    f"  repeat {e.repeat} trial {e.trial} {escape('[' + e.role + ']')} "
-                    f"({e.done} of {e.planned}): {fig} -> {verdict}"
-                )
-            case TrialDone():
-                rec = e.record
-                if e.feasible:
-                    cap = e.capacity_scale
-                    at = f" at x{cap:.3f}{_rate(capacity_rps(rec))}" if cap is not None else ""
-                    out.print(f"  -> {tag}{e.objective:,.1f} output tok/s{at}")
-                else:
-                    why = why_infeasible(rec, e.mode) or "infeasible"
-                    out.print(f"  -> {tag}infeasible: {escape(why)}")
-            case _:  # level starts, validation runs starting and done: no line
-                pass
-
-    return on_event
+    """A create-time error raised from a config field (``exc.field``, e.g.
+    ``("enqueue", 0, "max_model_len")``) with the file and line of that field prepended;
+    any other error as it is."""
+    if exc.field is None:
+        return exc  # not a field's error (a path, a file:line already)
+    where = source_map(text, source).where(exc.field)
+    return ConfigError(f"{where}: {exc}", field=exc.field)
 
 
 @study_app.command("create")
@@ -429,200 +223,3 @@ def run_cmd(
     _check_gpus(gpus, gpus_per_trial)
     with study_store(storage, name) as store:  # run_study names a missing study
         _run(store, name, n_trials, timeout, fail_running, gpus=gpus, gpus_per_trial=gpus_per_trial)
-
-
-@study_app.command("list")
-def list_cmd(storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
-    """List the studies in the database (none when the database does not exist yet)."""
-    try:
-        with open_store(storage, create=False) as store:
-            studies = store.list_studies()
-    except NoDatabaseError:
-        studies = []
-    if as_json:
-        print_json(list_json(studies))
-    else:
-        console().print(list_table(studies))
-
-
-def need_study(store: Store, name: str) -> StudyRecord:
-    rec = store.get_study(name)
-    if rec is None:
-        raise NotFoundError(f"no study named {name!r}; `autotune study list` shows the studies")
-    return rec
-
-
-@contextmanager
-def study_store(storage: str | None, name: str) -> Iterator[Store]:
-    """The existing database (never a new one) that should hold the study ``name``."""
-    try:
-        store = open_store(storage, create=False)
-    except NoDatabaseError as exc:
-        raise NotFoundError(f"no study named {name!r}: {exc}") from exc
-    with store:
-        yield store
-
-
-@study_app.command("show")
-def show(
-    name: Annotated[str, typer.Argument()],
-    storage: StorageOpt = None,
-    as_json: JsonOpt = False,
-    wide: Annotated[
-        bool, typer.Option("--wide", help="every column at full width (default: fit the terminal)")
-    ] = False,
-) -> None:
-    """Trials with their state, engine args, output tok/s, capacity, p99s and violations."""
-    with study_store(storage, name) as store:
-        study = need_study(store, name)
-        trials = store.trials(name)
-        plan = study_plan(store, name)
-    if as_json:
-        print_json(show_json(name, study.mode, trials) | {"plan": plan})
-        return
-    width = console().width
-    table, legend, at = show_table(name, show_rows(trials, study.mode), width, wide=wide)
-    Console(width=at).print(table)  # at: the table's own width when the terminal is narrower
-    if legend:
-        Console(width=width).print(escape(legend), highlight=False)
-    for line in plan:
-        Console(width=width).print(f"plan: {escape(line)}", highlight=False)
-
-
-@study_app.command("status")
-def status(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -> None:
-    """Who runs the study: controllers (host, pid, last heartbeat), running trials with
-    their workers, claims and retries."""
-    with study_store(storage, name) as store:
-        need_study(store, name)
-        st = study_status(store, name)
-    out = console()
-    table = Table(title=f"controllers of {name}")
-    for col in ("id", "host", "pid", "state", "last heartbeat", "idle s", "trials", "note"):
-        table.add_column(col)
-    for c in st.controllers:
-        table.add_row(
-            str(c.id),
-            c.host,
-            str(c.pid),
-            c.state,
-            f"{c.heartbeat_age_s:,.0f} s ago",
-            f"{c.idle_s:,.1f}",
-            str(c.trials_run),
-            escape(c.note or ""),
-        )
-    out.print(table)
-    running = Table(title="running trials")
-    for col in ("trial", "stage", "controller", "devices", "worker group", "started"):
-        running.add_column(col)
-    for r in st.running:
-        running.add_row(
-            str(r.number),
-            r.stage,
-            r.controller,
-            r.devices or "-",
-            r.workers or "-",
-            r.started.strftime("%H:%M:%S") if r.started else "-",
-        )
-    out.print(running)
-    out.print(
-        f"claims: {st.claims} ({st.open_claims} open); queued: {st.waiting}; "
-        f"complete: {st.complete} of {st.planned} planned; failed: {st.failed}"
-    )
-    for line in st.retries:
-        out.print(f"retry: {escape(line)}")
-
-
-@study_app.command("best")
-def best(
-    name: Annotated[str, typer.Argument()], storage: StorageOpt = None, as_json: JsonOpt = False
-) -> None:
-    """The recommended `vllm serve` command, its engine args (YAML) and the gain."""
-    with study_store(storage, name) as store:
-        rec = need_study(store, name)
-        trials = store.trials(name)
-        r = recommend(load_study_config(rec), trials, store.repeats(name))
-    if r is None:
-        low = below_lowest_load(trials, rec.mode)
-        hint = (
-            lower_capacity_low_hint(low) if low is not None else "run it longer or relax its SLOs"
-        )
-        raise NotFoundError(
-            f"study {name!r} has no feasible trial ({no_feasible_reason(trials, rec.mode)}); "
-            f"{hint} (`autotune study show` lists each trial's violations)"
-        )
-    if as_json:
-        print_json(best_json(name, r))
-    else:
-        print(format_recommendation(r))
-    if r.undecided:
-        # no config held its SLOs in every validation run: no command is recommended, and
-        # the status says so as for a study without a feasible trial (docs/tuning.md#7-validation)
-        raise typer.Exit(NotFoundError.exit_code)
-
-
-@study_app.command("export")
-def export(
-    name: Annotated[str, typer.Argument()],
-    fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
-    output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
-    full: Annotated[
-        bool,
-        typer.Option("--full", help="json: keep each level's telemetry, full metrics and evidence"),
-    ] = False,
-    storage: StorageOpt = None,
-) -> None:
-    """Export the study and every trial (params, state, failure class, levels, violations);
-    each level's telemetry, full metrics and diagnosis evidence only with --full."""
-    if fmt not in ("json", "csv"):
-        raise ConfigError(f"--format must be json or csv, not {fmt!r}")
-    with study_store(storage, name) as store:
-        rec = need_study(store, name)
-        trials = store.trials(name)
-        repeats = store.repeats(name)
-    cfg = load_study_config(rec)
-    text = (
-        export_json(rec, trials, repeats, cfg, full=full)
-        if fmt == "json"
-        else export_csv(trials, rec.mode, summary_of(cfg, repeats, trials))
-    )
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    else:
-        try:
-            output.write_text(text)
-        except OSError as exc:
-            raise ConfigError(f"{output}: cannot write ({exc.strerror})") from exc
-
-
-@study_app.command("delete")
-def delete(
-    name: Annotated[str, typer.Argument()],
-    storage: StorageOpt = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
-) -> None:
-    """Delete a study (ours and Optuna's records); asks first unless --yes."""
-    with study_store(storage, name) as store:
-        rec = need_study(store, name)
-        n = len(store.trials(name))
-        if not yes:
-            if not sys.stdin.isatty():
-                raise ConfigError(
-                    f"study delete {name}: refusing to delete {n} trial(s) without asking; "
-                    "stdin is not a terminal, so pass --yes"
-                )
-            if not typer.confirm(
-                f"Delete study {rec.name!r} and its {n} trial(s) from {store.url.split('@')[-1]}?",
-                default=False,
-            ):
-                print(f"study {name!r} kept")
-                raise typer.Exit(1)
-        store.delete_study(name)
-    print(f"study {name!r} deleted")
-
-
-@db_app.command("upgrade")
-def upgrade(storage: StorageOpt = None) -> None:
-    """Create or upgrade autotune's tables (Postgres needs this once; SQLite is automatic)."""
-    with Store.open(_url(storage), upgrade=True) as store:
-        print(f"database {store.url.split('@')[-1]} at revision {store.current_revision()}")

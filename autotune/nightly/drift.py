@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from autotune.nightly.config import DriftConfig
+from autotune.nightly.job_config import DriftConfig
 
 __all__ = [
     "QUANTILE_POINTS",

@@ -18,20 +18,22 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import NotFoundError
-from autotune.nightly.config import NightlyConfig
 from autotune.nightly.decide import EXIT_KEEP, EXIT_PROMOTED, decide
 from autotune.nightly.drift import Drift, TrafficProfile, detect_drift
-from autotune.nightly.lock import held_lock
+from autotune.nightly.job_config import NightlyConfig
+from autotune.nightly.job_lock import held_lock
+from autotune.nightly.job_records import DecisionRecord, add_decision, decisions
 from autotune.nightly.output import serve_command, write_output
-from autotune.nightly.records import DecisionRecord, add_decision, decisions
 from autotune.nightly.refresh import Refresh, refresh
 from autotune.nightly.warmstart import create_warm_study, today_bounds
-from autotune.profiles.models import get_model, load_model_config
 from autotune.report import dashboard
 from autotune.store import Store
-from autotune.tuning.controller import load_study_config, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import load_study_config
 from autotune.tuning.events import OnEvent
 from autotune.tuning.interval import summary_of
+from autotune.tuning.plan import model_of
+from autotune.tuning.plan import model_of
 from autotune.tuning.validate import candidates_of
 
 __all__ = ["NightlyResult", "current_config", "rollback", "run_nightly", "study_config_for"]
@@ -167,11 +169,7 @@ def _run(
     now: datetime,
     on_event: OnEvent | None,
 ) -> NightlyResult:
-    model = (
-        load_model_config(cfg.model.config_json, name=cfg.model.name)
-        if cfg.model.config_json
-        else get_model(cfg.model.name)
-    )
+    model = model_of(cfg)
     history = decisions(store, cfg.deployment)
     name = f"{cfg.deployment}-{now:%Y%m%d}"
     done = next((d for d in history if d.study_name == name and d.decision != "rollback"), None)

@@ -11,10 +11,10 @@ from typing import Any
 import yaml
 
 from autotune.errors import ConfigError
-from autotune.nightly.records import DecisionRecord
-from autotune.profiles.flags import SIM_ONLY_FLAGS
+from autotune.nightly.job_records import DecisionRecord
+from autotune.profiles.flags import strip_sim_flags
 from autotune.redact import mask_command
-from autotune.workers.vllm import format_command, vllm_argv
+from autotune.workers.vllm_command import format_command, vllm_argv
 
 __all__ = ["serve_command", "write_output"]
 
@@ -27,7 +27,7 @@ def serve_command(
 ) -> str:
     """``vllm serve MODEL --flags...`` for ``engine_args`` (host and port left to the
     deployment, sim-only flags dropped)."""
-    static = {k: v for k, v in (static_args or {}).items() if k not in SIM_ONLY_FLAGS}
+    static = strip_sim_flags(static_args or {})
     argv = vllm_argv(
         ["vllm"],
         model,

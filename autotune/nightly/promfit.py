@@ -28,7 +28,7 @@ from autotune.errors import ServiceError
 from autotune.nightly.drift import traffic_profile
 
 if TYPE_CHECKING:
-    from autotune.nightly.config import NightlyConfig
+    from autotune.nightly.job_config import NightlyConfig
     from autotune.nightly.refresh import Refresh
 
 __all__ = ["LogNormalFit", "fit_lognormal", "refresh_from_prometheus", "rejected_warning"]

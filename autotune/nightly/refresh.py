@@ -12,8 +12,8 @@ import numpy as np
 
 from autotune.config import WorkloadConfig
 from autotune.errors import ConfigError
-from autotune.nightly.config import NightlyConfig
 from autotune.nightly.drift import TrafficProfile, traffic_profile
+from autotune.nightly.job_config import NightlyConfig
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 

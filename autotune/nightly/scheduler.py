@@ -6,7 +6,7 @@ time at or before now has not run yet, recording that fire time *before* the run
 a scheduler restarted at any moment never runs one fire time twice. A scheduler that was
 down over several fire times finds only the latest one due: one catch-up run, never a
 burst. A schedule never fires for times before it was added. Exactly one scheduler is
-active per database (a held lock, :mod:`autotune.nightly.lock`). The clock, the sleep and
+active per database (a held lock, :mod:`autotune.nightly.job_lock`). The clock, the sleep and
 the job runner are injectable.
 """
 
@@ -25,8 +25,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from autotune.errors import ConfigError
-from autotune.nightly.lock import held_lock
-from autotune.nightly.records import ScheduleRecord, schedules, update_schedule
+from autotune.nightly.job_lock import held_lock
+from autotune.nightly.job_records import ScheduleRecord, schedules, update_schedule
 from autotune.store import Store
 from autotune.store.db import ENV_VAR
 

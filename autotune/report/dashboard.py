@@ -2,7 +2,8 @@
 (docs/report.md#1-optuna-dashboard): a Markdown note per trial and per study, and the report's
 plots. The attributes the dashboard lists (the metric name, the constraints, one attribute per
 engine arg and per headline figure) are written by the controller through
-:mod:`autotune.tuning.attrs`, which owns every attribute key; this module only renders.
+:mod:`autotune.tuning.attrs` (trials) and :mod:`autotune.tuning.study_attrs` (the study),
+which own every attribute key; this module only renders.
 
 The controller calls :data:`HOOKS` (given by the CLI and the nightly): :func:`note_trial`
 before it tells Optuna a trial's result and :func:`refresh_after_run` when a run ends;
@@ -25,8 +26,8 @@ from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 
 # the dashboard's name for the constraints' list, as tests and older callers import it
 from autotune.tuning.attrs import CONSTRAINTS_KEY as CONSTRAINTS_KEY
-from autotune.tuning.attrs import constraint_order, set_metric_name, trial_id
-from autotune.tuning.controller import RunHooks, constraint_names
+from autotune.tuning.attrs import constraint_names, constraint_order, set_metric_name, trial_id
+from autotune.tuning.context import RunHooks
 
 if TYPE_CHECKING:
     from autotune.tuning.trial import TrialOutcome
@@ -120,7 +121,7 @@ def refresh(
     if dash is None:
         return ["notes and plots (optuna-dashboard is not installed: the [report] extra)"]
     from autotune.report.notes import study_note, trial_note
-    from autotune.report.summary import study_view
+    from autotune.report.study_view import study_view
 
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     names = constraint_order(constraint_names(cfg))

@@ -13,14 +13,15 @@ import plotly.offline
 
 from autotune.report.levels import figure_cell
 from autotune.report.plots import figures
-from autotune.report.recommend import capacity_rps, gain_text, why_infeasible
-from autotune.report.summary import (
+from autotune.report.recommend import gain_text
+from autotune.report.study_view import (
     ENGINE_KEYS,
     StudyView,
     baseline_comparison,
     details,
     stage_history,
 )
+from autotune.tuning.findings import capacity_rps, why_infeasible
 
 __all__ = ["PLOT_CONFIG", "render_html"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.report.levels import figure_cell, stop_note
-from autotune.report.recommend import capacity_rps, gain_text, why_infeasible
-from autotune.report.summary import (
+from autotune.report.recommend import gain_text
+from autotune.report.study_view import (
     ENGINE_KEYS,
     StudyView,
     baseline_comparison,
@@ -18,6 +18,7 @@ from autotune.report.summary import (
     stage_history,
 )
 from autotune.store import TrialRecord
+from autotune.tuning.findings import capacity_rps, why_infeasible
 
 __all__ = ["markdown_report", "study_note", "trial_note"]
 

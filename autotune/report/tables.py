@@ -19,9 +19,9 @@ from rich import box
 from rich.table import Table
 
 from autotune.report.levels import record_stopped, stop_row
-from autotune.report.recommend import capacity_rps, why_infeasible
-from autotune.report.summary import ENGINE_KEYS
+from autotune.report.study_view import ENGINE_KEYS
 from autotune.store import StudySummary, TrialRecord
+from autotune.tuning.findings import capacity_rps, why_infeasible
 
 __all__ = [
     "LIST_SCHEMA",

@@ -25,16 +25,17 @@ from aiohttp import web
 from autotune.config import parse_config
 from autotune.errors import AutotuneError, ConfigError, StorageError
 from autotune.inputs import clip
-from autotune.nightly.records import decisions
-from autotune.report.recommend import best_json, recommend
+from autotune.nightly.job_records import decisions
+from autotune.report.best_output import best_json
+from autotune.report.recommend import recommend
 from autotune.report.tables import list_json, show_rows
 from autotune.service.limits import handler_args, url_limit
-from autotune.service.metrics import metrics_text
 from autotune.service.openapi import openapi_document
 from autotune.service.policy import PolicyError, ServerWorker, apply_policy
+from autotune.service.tuner_metrics import metrics_text
 from autotune.store import Store
 from autotune.store.db import ENV_VAR
-from autotune.tuning.controller import create_study, load_study_config
+from autotune.tuning.create import create_study, load_study_config
 
 __all__ = ["MAX_BODY", "ROUTES", "Settings", "child_spawner", "make_app", "routes_of"]
 

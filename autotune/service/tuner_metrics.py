@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from autotune.store import Store
-from autotune.store.models import NightlyDecisionRow, TrialRow
+from autotune.store.rows import NightlyDecisionRow, TrialRow
 
 __all__ = ["metrics_text"]
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import StudyConfig
-from autotune.report.recommend import Recommendation, capacity_rps, gain_text, recommend
+from autotune.report.recommend import Recommendation, gain_text, recommend
 from autotune.store import LevelRecord, RepeatRecord, StudyRecord, TrialRecord
+from autotune.tuning.findings import capacity_rps
 
 __all__ = [
     "ENGINE_KEYS",

@@ -12,7 +12,7 @@ from sqlalchemy import delete, select, update
 
 from autotune.errors import NotFoundError, StorageError
 from autotune.store import Store
-from autotune.store.models import NightlyDecisionRow, ScheduleRow
+from autotune.store.rows import NightlyDecisionRow, ScheduleRow
 
 __all__ = [
     "DecisionRecord",

@@ -1,0 +1,206 @@
+"""``autotune study list/show/status/best/export/delete``: the commands over studies already
+in the database."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autotune.cli import study as _study  # noqa: F401  (create and run come first in --help)
+from autotune.cli._app import console, print_json, study_app
+from autotune.cli.database import StorageOpt, need_study, open_store, study_store
+from autotune.errors import ConfigError, NotFoundError
+from autotune.report.best_output import best_json, format_recommendation
+from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
+from autotune.report.recommend import no_feasible_reason, recommend
+from autotune.report.study_export import export_csv, export_json
+from autotune.report.tables import list_json, list_table, show_json, show_rows, show_table
+from autotune.store import NoDatabaseError
+from autotune.tuning.create import load_study_config
+from autotune.tuning.interval import summary_of
+from autotune.tuning.status import study_plan, study_status
+
+__all__ = ["JsonOpt", "best", "delete", "export", "list_cmd", "show", "status"]
+
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="print JSON (schema: docs/report.md#5-machine-readable-output)"),
+]
+
+
+@study_app.command("list")
+def list_cmd(storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
+    """List the studies in the database (none when the database does not exist yet)."""
+    try:
+        with open_store(storage, create=False) as store:
+            studies = store.list_studies()
+    except NoDatabaseError:
+        studies = []
+    if as_json:
+        print_json(list_json(studies))
+    else:
+        console().print(list_table(studies))
+
+
+@study_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument()],
+    storage: StorageOpt = None,
+    as_json: JsonOpt = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="every column at full width (default: fit the terminal)")
+    ] = False,
+) -> None:
+    """Trials with their state, engine args, output tok/s, capacity, p99s and violations."""
+    with study_store(storage, name) as store:
+        study = need_study(store, name)
+        trials = store.trials(name)
+        plan = study_plan(store, name)
+    if as_json:
+        print_json(show_json(name, study.mode, trials) | {"plan": plan})
+        return
+    width = console().width
+    table, legend, at = show_table(name, show_rows(trials, study.mode), width, wide=wide)
+    Console(width=at).print(table)  # at: the table's own width when the terminal is narrower
+    if legend:
+        Console(width=width).print(escape(legend), highlight=False)
+    for line in plan:
+        Console(width=width).print(f"plan: {escape(line)}", highlight=False)
+
+
+@study_app.command("status")
+def status(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -> None:
+    """Who runs the study: controllers (host, pid, last heartbeat), running trials with
+    their workers, claims and retries."""
+    with study_store(storage, name) as store:
+        need_study(store, name)
+        st = study_status(store, name)
+    out = console()
+    table = Table(title=f"controllers of {name}")
+    for col in ("id", "host", "pid", "state", "last heartbeat", "idle s", "trials", "note"):
+        table.add_column(col)
+    for c in st.controllers:
+        table.add_row(
+            str(c.id),
+            c.host,
+            str(c.pid),
+            c.state,
+            f"{c.heartbeat_age_s:,.0f} s ago",
+            f"{c.idle_s:,.1f}",
+            str(c.trials_run),
+            escape(c.note or ""),
+        )
+    out.print(table)
+    running = Table(title="running trials")
+    for col in ("trial", "stage", "controller", "devices", "worker group", "started"):
+        running.add_column(col)
+    for r in st.running:
+        running.add_row(
+            str(r.number),
+            r.stage,
+            r.controller,
+            r.devices or "-",
+            r.workers or "-",
+            r.started.strftime("%H:%M:%S") if r.started else "-",
+        )
+    out.print(running)
+    out.print(
+        f"claims: {st.claims} ({st.open_claims} open); queued: {st.waiting}; "
+        f"complete: {st.complete} of {st.planned} planned; failed: {st.failed}"
+    )
+    for line in st.retries:
+        out.print(f"retry: {escape(line)}")
+
+
+@study_app.command("best")
+def best(
+    name: Annotated[str, typer.Argument()], storage: StorageOpt = None, as_json: JsonOpt = False
+) -> None:
+    """The recommended `vllm serve` command, its engine args (YAML) and the gain."""
+    with study_store(storage, name) as store:
+        rec = need_study(store, name)
+        trials = store.trials(name)
+        r = recommend(load_study_config(rec), trials, store.repeats(name))
+    if r is None:
+        low = below_lowest_load(trials, rec.mode)
+        hint = (
+            lower_capacity_low_hint(low) if low is not None else "run it longer or relax its SLOs"
+        )
+        raise NotFoundError(
+            f"study {name!r} has no feasible trial ({no_feasible_reason(trials, rec.mode)}); "
+            f"{hint} (`autotune study show` lists each trial's violations)"
+        )
+    if as_json:
+        print_json(best_json(name, r))
+    else:
+        print(format_recommendation(r))
+    if r.undecided:
+        # no config held its SLOs in every validation run: no command is recommended, and
+        # the status says so as for a study without a feasible trial (docs/tuning.md#7-validation)
+        raise typer.Exit(NotFoundError.exit_code)
+
+
+@study_app.command("export")
+def export(
+    name: Annotated[str, typer.Argument()],
+    fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
+    output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="json: keep each level's telemetry, full metrics and evidence"),
+    ] = False,
+    storage: StorageOpt = None,
+) -> None:
+    """Export the study and every trial (params, state, failure class, levels, violations);
+    each level's telemetry, full metrics and diagnosis evidence only with --full."""
+    if fmt not in ("json", "csv"):
+        raise ConfigError(f"--format must be json or csv, not {fmt!r}")
+    with study_store(storage, name) as store:
+        rec = need_study(store, name)
+        trials = store.trials(name)
+        repeats = store.repeats(name)
+    cfg = load_study_config(rec)
+    text = (
+        export_json(rec, trials, repeats, cfg, full=full)
+        if fmt == "json"
+        else export_csv(trials, rec.mode, summary_of(cfg, repeats, trials))
+    )
+    if output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            raise ConfigError(f"{output}: cannot write ({exc.strerror})") from exc
+
+
+@study_app.command("delete")
+def delete(
+    name: Annotated[str, typer.Argument()],
+    storage: StorageOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+) -> None:
+    """Delete a study (ours and Optuna's records); asks first unless --yes."""
+    with study_store(storage, name) as store:
+        rec = need_study(store, name)
+        n = len(store.trials(name))
+        if not yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(
+                    f"study delete {name}: refusing to delete {n} trial(s) without asking; "
+                    "stdin is not a terminal, so pass --yes"
+                )
+            if not typer.confirm(
+                f"Delete study {rec.name!r} and its {n} trial(s) from {store.url.split('@')[-1]}?",
+                default=False,
+            ):
+                print(f"study {name!r} kept")
+                raise typer.Exit(1)
+        store.delete_study(name)
+    print(f"study {name!r} deleted")

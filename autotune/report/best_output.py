@@ -1,0 +1,180 @@
+"""What ``study best`` prints: the recommended ``vllm serve`` command with its engine args,
+figures, gain and validation lines, and the same as JSON (``--json``, schema
+:data:`BEST_SCHEMA`, docs/report.md#5-machine-readable-output)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from autotune.report.recommend import (
+    Recommendation,
+    format_interval,
+    gain_text,
+    replicas_needed,
+    top_level_figures,
+)
+from autotune.tuning.findings import capacity_rps
+from autotune.tuning.interval import ValidationSummary
+from autotune.tuning.verdict import Held, held_text
+
+__all__ = ["BEST_SCHEMA", "best_json", "format_recommendation", "format_validation"]
+
+BEST_SCHEMA = "autotune.study-best/1"
+
+
+def format_validation(rec: Recommendation) -> list[str]:
+    """The validation lines of ``study best``: the interval, "keep", or "not validated"."""
+    v = rec.validation
+    if v is None:
+        why = "the validation phase has not run" if rec.validation_enabled else "off"
+        return [f"validation: not validated (strategy.validate: {why})"]
+    if not rec.validated:
+        return [
+            f"validation: not validated (the validation phase is incomplete: {v.runs_done} of "
+            f"{v.runs_planned} runs; `autotune study run` continues it, after "
+            "`--fail-running` when a killed run left some running)"
+        ]
+    what = f"{v.figure} over the baseline"
+    best = v.candidate(v.best)
+    lines = []
+    why = v.reason or "no candidate beats it beyond noise"
+    if v.verdict == "keep":
+        lines.append(f"keep your current config: {why}")
+        if best is not None and best.interval is not None:
+            lines.append(
+                f"  best candidate, trial {best.trial_number}: {what} "
+                f"{format_interval(best.interval)}"
+            )
+    elif v.verdict == "no-baseline":
+        lines.append(f"validated: {why} (no gain to give over a config that breaks them)")
+    elif v.verdict == "undecided":
+        lines.append(f"undecided, no recommendation: {why}")
+        lines += _spread(v)
+        if best is not None and best.interval is not None:
+            lines.append(
+                f"  best candidate, trial {best.trial_number}: {what} "
+                f"{format_interval(best.interval)}"
+            )
+    elif best is not None and best.interval is not None:
+        lines.append(f"validated gain in {what}: {format_interval(best.interval)}")
+    # a broken over-length limit is named in the reason (autotune.tuning.verdict)
+    return lines
+
+
+def _spread(v: ValidationSummary) -> list[str]:
+    """Each config's runs: how many held the SLOs and the range of its figure over them."""
+
+    def line(who: str, h: Held, rng: tuple[float, float] | None) -> str:
+        span = (
+            (f"{rng[0]:,.4g}" if rng[0] == rng[1] else f"{rng[0]:,.4g}–{rng[1]:,.4g}")
+            if rng
+            else ""
+        )
+        fig = f"; {v.figure} {span} in the repeats where they held" if rng else ""
+        return f"  {who}: the SLOs held {held_text(h)}{fig}"
+
+    out = [line(f"baseline, trial {v.baseline_trial}", v.baseline, v.baseline_figure_range)]
+    out += [line(f"trial {c.trial_number}", c.held, c.figure_range) for c in v.candidates]
+    return out
+
+
+def format_recommendation(rec: Recommendation) -> str:
+    if rec.undecided:
+        # no config held its SLOs in every run: no `vllm serve` command to recommend
+        # (`study best` exits 4, docs/tuning.md#7-validation); the study's own best follows,
+        # marked as such
+        lines = [*format_validation(rec), "", "the study's best, not validated:"]
+    else:
+        lines = [rec.command, "", yaml.safe_dump(rec.engine_args, sort_keys=False).rstrip(), ""]
+    t, b = rec.trial, rec.baseline
+    top = top_level_figures(t)
+    what = f"trial {t.optuna_trial_number} ({t.stage}): {t.objective:,.1f} output tok/s"
+    rps = capacity_rps(t)
+    if t.capacity_scale is not None:
+        what += f" at {t.capacity_scale:.3f}x the workload's rate"
+        if rps is not None:
+            what += f" ({rps:,.2f} req/s)"
+    lines.append(what)
+    n = replicas_needed(t.capacity_scale)
+    if n is not None and n > 1 and t.capacity_scale is not None:
+        full = f" of {rps / t.capacity_scale:,.2f} req/s" if rps is not None else ""
+        lines.append(
+            f"  one replica serves {100 * t.capacity_scale:.0f} % of the workload's traffic "
+            f"({rps or 0:,.2f}{full}): the traffic needs {n} replicas of this config"
+        )
+    if top:
+        lines.append(
+            f"  p99 TTFT {top['p99_ttft_ms']:.1f} ms, p99 TPOT {top['p99_tpot_ms']:.1f} ms"
+            if top["p99_ttft_ms"] is not None and top["p99_tpot_ms"] is not None
+            else "  (no latency figures)"
+        )
+    gain = rec.gain_pct
+    if b is None:
+        lines.append("gain over baseline: n/a (no baseline trial in this study)")
+    elif gain is None:
+        lines.append(
+            f"gain over baseline: n/a (baseline trial {b.optuna_trial_number} was "
+            f"infeasible{': ' + b.failure_class if b.failure_class else ''})"
+        )
+    elif t is not b:
+        lines.append(
+            f"gain over baseline (trial {b.optuna_trial_number}, vLLM defaults "
+            f"{b.objective:,.1f} tok/s): {gain:+.1f}% in the study (one run each)"
+        )
+    else:
+        lines.append("gain over baseline: none (the best trial is the baseline itself)")
+    if not rec.undecided:
+        lines += format_validation(rec)
+    return "\n".join(lines)
+
+
+def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
+    """``study best --json``: schema :data:`BEST_SCHEMA`,
+    docs/report.md#5-machine-readable-output."""
+    t, b = rec.trial, rec.baseline
+    top = top_level_figures(t) or {}
+    iv = rec.interval
+    return {
+        "schema": BEST_SCHEMA,
+        "study": study,
+        "trial": t.optuna_trial_number,
+        "stage": t.stage,
+        # undecided: no config held its SLOs in every run, so no command is recommended
+        "command": None if rec.undecided else rec.command,
+        "argv": None if rec.undecided else rec.argv,
+        "engine_args": rec.engine_args,
+        "output_tok_s": t.objective,
+        "capacity_scale": t.capacity_scale,
+        "capacity_rps": capacity_rps(t),
+        "replicas_needed": replicas_needed(t.capacity_scale),
+        "p99_ttft_ms": top.get("p99_ttft_ms"),
+        "p99_tpot_ms": top.get("p99_tpot_ms"),
+        "baseline": None
+        if b is None
+        else {
+            "trial": b.optuna_trial_number,
+            "feasible": b.feasible,
+            "output_tok_s": b.objective,
+            "capacity_scale": b.capacity_scale,
+            "engine_args": b.engine_args,
+        },
+        "gain": {
+            "pct": iv.mean if rec.validated and iv is not None else rec.gain_pct,
+            "in_study_pct": rec.gain_pct,
+            "validated": rec.validated,
+            "keep": rec.keep,
+            "verdict": rec.validation.verdict if rec.validated and rec.validation else None,
+            "reason": rec.validation.reason if rec.validated and rec.validation else None,
+            "interval": None
+            if iv is None or iv.n < 2
+            else {
+                "low_pct": iv.low,
+                "high_pct": iv.high,
+                "confidence": iv.confidence,
+                "runs": iv.n,
+            },
+            "text": gain_text(rec),
+        },
+    }

@@ -1,0 +1,176 @@
+"""``study export``: every trial of a study as JSON (schema :data:`EXPORT_SCHEMA`,
+docs/report.md#5-machine-readable-output) or CSV, with the validation's figures."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict
+from typing import Any
+
+from autotune.config import StudyConfig
+from autotune.redact import mask_argv, mask_command, mask_text
+from autotune.report.levels import export_level
+from autotune.report.recommend import replicas_needed, top_level_figures
+from autotune.store import RepeatRecord, StudyRecord, TrialRecord
+from autotune.tuning.findings import capacity_rps, why_infeasible
+from autotune.tuning.interval import ValidationSummary, summary_of
+
+__all__ = ["EXPORT_SCHEMA", "export_csv", "export_json", "trial_rows", "validation_columns"]
+
+
+def trial_rows(trials: list[TrialRecord], mode: str = "slo-capacity") -> list[dict[str, Any]]:
+    rows = []
+    for t in trials:
+        top = top_level_figures(t) or {}
+        rows.append(
+            {
+                "trial": t.optuna_trial_number,
+                "stage": t.stage,
+                "state": t.state,
+                **{
+                    k: t.engine_args.get(k)
+                    for k in (
+                        "max_model_len",
+                        "gpu_memory_utilization",
+                        "max_num_seqs",
+                        "max_num_batched_tokens",
+                    )
+                },
+                "objective": t.objective,
+                "feasible": t.feasible,
+                "capacity_scale": t.capacity_scale,
+                "capacity_rps": capacity_rps(t),
+                "p99_ttft_ms": top.get("p99_ttft_ms"),
+                "p99_tpot_ms": top.get("p99_tpot_ms"),
+                "stopped": top.get("stopped"),
+                "failure_class": t.failure_class,
+                "why_infeasible": why_infeasible(t, mode),
+                "kv_cache_tokens": t.kv_cache_tokens,
+                "diagnosis": (t.diagnosis or {}).get("kind") if t.diagnosis else None,
+            }
+        )
+    return rows
+
+
+EXPORT_SCHEMA = "autotune.study-export/1"
+# what `study export` leaves out of each level unless --full: the telemetry summary
+# (histogram buckets, gauge statistics, the time series), the full metrics mapping and the
+# diagnosis' evidence; the level's typed columns, violations and diagnosis (kind and
+# suggestion) stay, and so does each trial's own diagnosis with its evidence
+_FULL_ONLY = ("metrics", "telemetry")
+
+
+def _validation_json(
+    cfg: StudyConfig | None, repeats: list[RepeatRecord] | None, trials: list[TrialRecord]
+) -> dict[str, Any] | None:
+    if not repeats:
+        return None
+    summary = summary_of(cfg, repeats, trials) if cfg is not None else None
+    runs = []
+    for r in repeats:
+        d = asdict(r)
+        d.pop("study_name", None)
+        runs.append(d)
+    return {"summary": summary.to_dict() if summary is not None else None, "runs": runs}
+
+
+def validation_columns(
+    trials: list[TrialRecord], summary: ValidationSummary | None
+) -> dict[int, dict[str, Any]]:
+    """Per trial number: its validated gain and interval (candidates of a complete phase)."""
+    out: dict[int, dict[str, Any]] = {}
+    if summary is None or not summary.complete:
+        return out
+    for c in summary.candidates:
+        iv = c.interval
+        out[c.trial_number] = {
+            "validated_gain_pct": iv.mean if iv is not None else None,
+            "validated_ci_low_pct": iv.low if iv is not None and iv.n > 1 else None,
+            "validated_ci_high_pct": iv.high if iv is not None and iv.n > 1 else None,
+            "validated_paired_runs": iv.n if iv is not None else 0,
+            "validated_slo_held": f"{c.slo_held}/{c.runs}",
+        }
+    return out
+
+
+def export_json(
+    study: StudyRecord,
+    trials: list[TrialRecord],
+    repeats: list[RepeatRecord] | None = None,
+    cfg: StudyConfig | None = None,
+    *,
+    full: bool = False,
+) -> str:
+    """The study, every trial and the validation phase as compact JSON (schema
+    :data:`EXPORT_SCHEMA`, docs/report.md#5-machine-readable-output); ``full`` keeps each
+    level's telemetry, full metrics and diagnosis evidence."""
+
+    # Stored records are masked when written; masking again covers databases written before
+    # autotune masked them (autotune.redact).
+    def trial(t: TrialRecord) -> dict[str, Any]:
+        d = asdict(t)
+        d.pop("study_name", None)
+        if d.get("launch_command"):
+            d["launch_command"] = mask_command(d["launch_command"])
+        if d.get("launch_argv"):
+            d["launch_argv"] = mask_argv(d["launch_argv"])
+        if d.get("log_tail"):
+            d["log_tail"] = mask_text(d["log_tail"])
+        for row, lv in zip(d["levels"], t.levels, strict=True):
+            export_level(row, lv)  # a stopped level: what it measured, why and when
+        if not full:
+            for lv in d["levels"]:
+                for key in _FULL_ONLY:
+                    lv.pop(key, None)
+                if isinstance(lv.get("diagnosis"), dict):
+                    lv["diagnosis"] = {k: lv["diagnosis"].get(k) for k in ("kind", "suggestion")}
+                # 5 significant digits: far finer than any level's noise (the full export
+                # keeps every digit); the compact export stays small as studies grow
+                for row in (lv, *(lv.get("violations") or ())):  # a violation's value too
+                    for k, v in row.items():
+                        if isinstance(v, float) and math.isfinite(v):
+                            row[k] = float(f"{v:.5g}")
+        d["capacity_rps"] = capacity_rps(t)
+        d["replicas_needed"] = replicas_needed(t.capacity_scale)
+        d["why_infeasible"] = why_infeasible(t, study.mode)
+        return d
+
+    study_d = asdict(study)
+    study_d["config_yaml"] = mask_text(study_d["config_yaml"])
+    body = {
+        "schema": EXPORT_SCHEMA,
+        "full": full,
+        "study": study_d,
+        "trials": [trial(t) for t in trials],
+        # the validation phase's runs and summary (docs/tuning.md#7-validation); None: none
+        "validation": _validation_json(cfg, repeats, trials),
+    }
+    return json.dumps(body, separators=(",", ":"), default=str)
+
+
+def export_csv(
+    trials: list[TrialRecord],
+    mode: str = "slo-capacity",
+    validation: ValidationSummary | None = None,
+) -> str:
+    rows = trial_rows(trials, mode)
+    extra = validation_columns(trials, validation)
+    blank = dict.fromkeys(
+        (
+            "validated_gain_pct",
+            "validated_ci_low_pct",
+            "validated_ci_high_pct",
+            "validated_paired_runs",
+            "validated_slo_held",
+        )
+    )
+    rows = [r | (extra.get(r["trial"]) or blank) for r in rows]
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
