@@ -17,7 +17,7 @@ from support.processes import free_port, group_gone, pid_gone
 from autotune.errors import WorkerStartupError
 from autotune.failures import FailureClass
 from autotune.workers import ProcessSupervisor, VllmWorker, WorkerLaunchError
-from autotune.workers.vllm import SMOKE_MIN_TOKENS
+from autotune.workers.startup_checks import SMOKE_MIN_TOKENS
 
 KV_TOO_SMALL = (
     "ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB "

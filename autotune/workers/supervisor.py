@@ -11,14 +11,11 @@ trial never meets the previous one's memory or port.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,15 +36,13 @@ from autotune.workers.guard import (
     proc_start_ticks,
 )
 from autotune.workers.logs import classify_worker_log, log_tail
-from autotune.workers.procstat import group_stats
+from autotune.workers.reaping import become_subreaper, group_gone, member_states, signal_group
 from autotune.workers.watch import DeathWatch, ProcInfo, describe_status, snapshot_group
 
 __all__ = ["ProcessSupervisor", "WorkerLaunchError"]
 
 log = logging.getLogger(__name__)
 
-_PR_SET_CHILD_SUBREAPER = 36
-_subreaper: bool | None = None
 # Seconds one /health probe may take; longer means "not ready yet", not "failed".
 _POLL_TIMEOUT_S = 2.0
 _POLL_MAX_INTERVAL_S = 0.5
@@ -72,32 +67,6 @@ class WorkerLaunchError(WorkerStartupError):
     estimated_max_model_len: int | None = None
     returncode: int | None = None
     log_path: Path | None = None
-
-
-def _become_subreaper() -> bool:
-    """Adopt our descendants' orphans (Linux), so their zombies can be reaped here.
-
-    When a server's leader exits first, its children are re-parented. In containers PID 1 is
-    often not an init that reaps, and a zombie still counts as a group member, so without
-    this the group would never look empty. Process-wide and idempotent.
-    """
-    global _subreaper
-    if _subreaper is None:
-        _subreaper = False
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                _subreaper = int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-            except (OSError, AttributeError):
-                pass
-    return _subreaper
-
-
-def _group_members(pgid: int) -> list[tuple[int, str, int]] | None:
-    """``(pid, state, ppid)`` of every process in the group, zombies included; None without
-    /proc."""
-    stats = group_stats(pgid)
-    return None if stats is None else [(s.pid, s.state, s.ppid) for s in stats]
 
 
 class ProcessSupervisor:
@@ -205,7 +174,7 @@ class ProcessSupervisor:
         """
         if self._proc is not None:
             raise RuntimeError("ProcessSupervisor is one-shot: start() was already called")
-        _become_subreaper()
+        become_subreaper()
         self._check_executable()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as out:
@@ -334,24 +303,24 @@ class ProcessSupervisor:
             if not self._died_before_stop and proc.poll() is not None:
                 self._died_before_stop = True
             pgid = proc.pid
-            if not self._group_gone(pgid):
-                self._signal(pgid, signal.SIGTERM)
+            if not group_gone(proc):
+                signal_group(pgid, signal.SIGTERM)
                 # a stopped (SIGSTOP) process acts on SIGTERM only once continued; without
                 # this a frozen worker would wait out the grace period for SIGKILL
-                self._signal(pgid, signal.SIGCONT)
-                if not await self._wait_gone(pgid, self.grace_s):
+                signal_group(pgid, signal.SIGCONT)
+                if not await self._wait_gone(proc, self.grace_s):
                     log.warning(
                         "process group %d ignored SIGTERM for %g s; sending SIGKILL",
                         pgid,
                         self.grace_s,
                     )
-                    self._signal(pgid, signal.SIGKILL)
-                    if not await self._wait_gone(pgid, _KILL_WAIT_S):
+                    signal_group(pgid, signal.SIGKILL)
+                    if not await self._wait_gone(proc, _KILL_WAIT_S):
                         raise AutotuneError(
                             f"process group {pgid} still has members {_KILL_WAIT_S:g} s after "
-                            f"SIGKILL: {_group_members(pgid)}"
+                            f"SIGKILL: {member_states(pgid)}"
                         )
-            proc.wait()  # already exited; reaps it if _group_gone has not
+            proc.wait()  # already exited; reaps it if group_gone has not
             self._stopped = True
             if self.registry is not None and self._group is not None:
                 try:
@@ -360,43 +329,10 @@ class ProcessSupervisor:
                     secondary_failure(log, f"recording that worker group {pgid} is gone", exc)
 
     @staticmethod
-    def _signal(pgid: int, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-
-    async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
+    async def _wait_gone(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        while not self._group_gone(pgid):
+        while not group_gone(proc):
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.05)
         return True
-
-    def _group_gone(self, pgid: int) -> bool:
-        assert self._proc is not None
-        self._proc.poll()  # reap the leader: a zombie leader keeps the group alive
-        self._reap_orphans(pgid)
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # a member we may not signal exists
-        me = os.getpid()
-        members = _group_members(pgid)
-        # Zombies whose parent is not us (no subreaper here) and does not reap them, as PID 1
-        # in many containers, are dead already: nothing is left that holds memory or a
-        # port. Our own zombies are reaped on the next pass.
-        return members is not None and all(
-            state == "Z" and ppid != me for _, state, ppid in members
-        )
-
-    def _reap_orphans(self, pgid: int) -> None:
-        """Reap zombies of the group that were re-parented to us (see _become_subreaper).
-        The leader is left to Popen, whose returncode would be lost otherwise."""
-        assert self._proc is not None
-        me = os.getpid()
-        for pid, state, ppid in _group_members(pgid) or ():
-            if state == "Z" and ppid == me and pid != self._proc.pid:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)

