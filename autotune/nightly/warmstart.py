@@ -22,6 +22,7 @@ from autotune.errors import StorageError
 from autotune.profiles.hardware import get_hardware
 from autotune.store import Store, StudyRecord
 from autotune.tuning.baseline_probe import baseline_capacity
+from autotune.tuning.create import store_study
 from autotune.tuning.plan import (
     baseline_engine_args,
     build_bounds,
@@ -29,7 +30,7 @@ from autotune.tuning.plan import (
     model_of,
 )
 from autotune.tuning.space import SpaceBounds, mnbt_range
-from autotune.tuning.study_attrs import StudyHeader, open_study
+from autotune.tuning.study_attrs import StudyHeader
 from autotune.workload.build import study_workload
 
 __all__ = ["Projection", "create_warm_study", "project", "study_yaml", "today_bounds", "widen_for"]
@@ -150,14 +151,6 @@ def create_warm_study(
         prof.fingerprint,
         nightly_projection=[p.to_dict() for p in projections],
     )
-    open_study(store.optuna_storage(), cfg.name, header, configs)
-    rec = StudyRecord(
-        name=cfg.name,
-        config_yaml=study_yaml(cfg),
-        workload_profile=prof.to_dict() | {"estimated_peak_concurrency": peak},
-        mode=cfg.mode,
-        worker_kind=cfg.worker.kind,
-        optuna_study_name=cfg.name,
-    )
-    rec.id = store.create_study(rec)
+    profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
+    rec = store_study(store, cfg, study_yaml(cfg), header, configs, profile)
     return rec, projections

@@ -5,6 +5,7 @@ autotune's row; and reading a study's config back (the file given, the YAML stor
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from autotune.tuning.space import PARAM_ORDER, SpaceBounds
 from autotune.workload.build import study_workload
 from autotune.workload.traces import dropped_text
 
-__all__ = ["config_yaml_of", "create_study", "load_study_config"]
+__all__ = ["config_yaml_of", "create_study", "load_study_config", "store_study"]
 
 
 def _enqueued_configs(
@@ -100,8 +101,6 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
             f"study {cfg.name!r} already exists; use `autotune study run "
             f"{cfg.name}` to continue it or `autotune study delete {cfg.name}`"
         )
-    header = study_attrs.StudyHeader(bounds, baseline, prof.fingerprint, screening.to_dict())
-    study_attrs.open_study(store.optuna_storage(), cfg.name, header, configs)
     profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
     # what `study create` states before anything runs: rows of the file left out, and a
     # baseline max_model_len that a handful of requests set
@@ -116,10 +115,26 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     )
     if tail is not None:
         profile["warnings"] = [tail]
+    header = study_attrs.StudyHeader(bounds, baseline, prof.fingerprint, screening.to_dict())
+    return store_study(store, cfg, config_yaml, header, configs, profile)
+
+
+def store_study(
+    store: Store,
+    cfg: StudyConfig,
+    config_yaml: str,
+    header: study_attrs.StudyHeader,
+    configs: Sequence[tuple[str, Mapping[str, Any]]],
+    workload_profile: dict[str, Any],
+) -> StudyRecord:
+    """Open the Optuna study (its header, then ``configs`` enqueued, the baseline first) and
+    store autotune's row of it: the last step of ``study create`` and of the nightly warm
+    start (docs/nightly.md#4-the-warm-start)."""
+    study_attrs.open_study(store.optuna_storage(), cfg.name, header, configs)
     rec = StudyRecord(
         name=cfg.name,
         config_yaml=config_yaml,
-        workload_profile=profile,
+        workload_profile=workload_profile,
         mode=cfg.mode,
         worker_kind=cfg.worker.kind,
         optuna_study_name=cfg.name,

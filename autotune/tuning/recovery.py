@@ -95,7 +95,7 @@ class Recovery:
         self.fleet: Fleet = store.fleet()
         self.storage: ResilientStorage = store.optuna_storage()
         self.controller_id, self.grace_s = controller_id, grace_s
-        self.constraint_names = sorted(constraint_names)
+        self.constraint_names = attrs.constraint_order(constraint_names)
         self.reap_grace_s = reap_grace_s
         self.host = host_name()
         self._stale_lines: list[str] = []
