@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from autotune.failures import FailureMatch
 from autotune.workers import VllmWorker, WorkerInfo
+from autotune.workers.procstat import group_stats
 from autotune.workers.watch import DeathReport, WorkerDeath
 
 HERE = Path(__file__).resolve().parent
@@ -48,18 +48,7 @@ TIMINGS: dict[str, float] = {}
 
 def group_members(pgid: int) -> list[tuple[int, str]]:
     """``(pid, state)`` of every live process whose process group is ``pgid``."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append((int(name), fields[0]))
-    return members
+    return [(s.pid, s.state) for s in group_stats(pgid) or () if not s.dead]
 
 
 def process_env(pid: int) -> dict[str, str]:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psycopg
 
+from autotune.workers.procstat import is_alive
+
 from .processes import free_port
 
 __all__ = ["PgCluster", "find_pg_bin", "start_cluster"]
@@ -108,11 +110,7 @@ def _running(pid: int) -> bool:
     postmaster as a child subreaper, so it is reaped here)."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+    return is_alive(pid)
 
 
 def start_cluster() -> PgCluster | str:
