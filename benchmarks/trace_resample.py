@@ -25,8 +25,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from autotune.config import StudyConfig, parse_config
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
@@ -35,6 +33,7 @@ from autotune.tuning.runners import VirtualRunner
 from autotune.tuning.validate import measure_run
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
+from autotune.workload.rare_trace import rare_request_trace
 from autotune.workload.resample import bootstrap, stratified_bootstrap
 
 A = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "max_model_len": 32768}
@@ -44,16 +43,10 @@ SCHEMES = {"plain": bootstrap, "stratified": stratified_bootstrap}
 
 def write_trace(path: Path, seed: int, n: int = 400, rate: float = 4.0) -> float:
     """A trace with one request 5x the 99th percentile of prompt + output; returns that p99."""
-    rng = np.random.default_rng(seed)
-    prompt = np.clip(rng.lognormal(np.log(1200), 0.7, n), 16, None).astype(int)
-    out = np.clip(rng.lognormal(np.log(250), 0.6, n), 4, None).astype(int)
-    p99 = float(np.percentile(prompt + out, 99))
-    k = int(rng.integers(n // 4, 3 * n // 4))
-    prompt[k], out[k] = int(5 * p99) - 200, 200
-    t = np.cumsum(rng.exponential(1 / rate, n))
-    rows = ({"ts": float(t[i] - t[0]), "in": int(prompt[i]), "out": int(out[i])} for i in range(n))
+    tr = rare_request_trace(seed, n, rate)
+    rows = ({"ts": tr.arrival[i], "in": tr.prompt[i], "out": tr.output[i]} for i in range(n))
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return p99
+    return tr.p99
 
 
 def study_config(path: Path) -> StudyConfig:

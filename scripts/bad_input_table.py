@@ -21,8 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.bad_inputs import BASE, CASES, EXISTING, merged  # noqa: E402
-from test_bad_input import prepare  # noqa: E402
+from support.bad_inputs import BASE, CASES, EXISTING, merged, prepare  # noqa: E402
 
 from autotune import cli  # noqa: E402
 

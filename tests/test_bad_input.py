@@ -4,14 +4,13 @@ was."""
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from support.bad_inputs import BASE, CASES, EXISTING, Case, merged
+from support.bad_inputs import BASE, CASES, EXISTING, Case, merged, prepare
 
 from autotune import cli
 
@@ -43,29 +42,6 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         cli.main(["study", "create", "--config", str(cfg), "--storage", f"sqlite:///{db}"])
     assert info.value.code in (0, None)
     yield db
-
-
-def fill(text: str, subst: dict[str, str]) -> str:
-    for key, value in subst.items():
-        text = text.replace("{" + key + "}", value)
-    return text
-
-
-def prepare(case: Case, tmp: Path, seed: Path) -> tuple[list[str], Path]:
-    db = tmp / "t.db"
-    shutil.copy(seed, db)
-    subst = {"tmp": str(tmp), "db": f"sqlite:///{db}", "config": str(tmp / "study.yaml")}
-    subst["data"] = str(tmp / "data.jsonl")
-    if case.data is not None:
-        data = case.data if isinstance(case.data, bytes) else case.data.encode()
-        (tmp / "data.jsonl").write_bytes(data)
-    if case.text is not None:
-        text = case.text if isinstance(case.text, bytes) else case.text.encode()
-        (tmp / "study.yaml").write_bytes(text)
-    else:
-        body = yaml.safe_dump(merged(BASE, case.config or {}), sort_keys=False)
-        (tmp / "study.yaml").write_text(fill(body, subst), encoding="utf-8")
-    return [fill(a, subst) for a in case.args], db
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_main import run_main
 from support.studies import config
 
-from autotune import cli
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.metrics import RequestRecord, summarize
 from autotune.report import dashboard, plots
@@ -58,14 +58,6 @@ def dead_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
     # the dashboard's plots are written after runs of at least 20 s; this one takes ~2 s
     monkeypatch.setattr(dashboard, "PLOTS_AFTER_RUN_S", 0.0)
     assert runners.VirtualRunner is VirtualRunner
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        cli.main(args)
-    out, err = capsys.readouterr()
-    code = info.value.code
-    return (code if isinstance(code, int) else 0 if code is None else 1), out, err
 
 
 @pytest.fixture
@@ -146,7 +138,7 @@ def test_the_nightly_records_its_decision_even_when_rendering_fails(
 
     from autotune.errors import ConfigError
     from autotune.nightly import job
-    from autotune.nightly.records import decisions
+    from autotune.nightly.job_records import decisions
 
     def unwritable(path: Any, rec: Any) -> Path:
         raise ConfigError(f"output: cannot write {path} (Read-only file system)")

@@ -21,16 +21,17 @@ from typing import Any
 import optuna
 import pytest
 from support.chromium import chromium, ink, render
+from support.cli_main import run_main
 from support.processes import free_port
 from support.services import need_service
 from support.studies import config
 
-from autotune import cli
 from autotune.profiles.flags import flag_key, flag_table
 from autotune.report.dashboard import CONSTRAINTS_KEY, constraint_order
 from autotune.report.plots import PLOT_IDS
 from autotune.store import Store, TrialRecord
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.scoring import CONSTRAINT_NAMES
 
 NAME = "t"
@@ -66,14 +67,6 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
         run_study(NAME, store)
         trials = store.trials(NAME)
     yield Study(url, db, trials)
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        cli.main(args)
-    out, err = capsys.readouterr()
-    code = info.value.code
-    return (code if isinstance(code, int) else 0 if code is None else 1), out, err
 
 
 def test_the_fixture_has_feasible_and_infeasible_trials(study: Study) -> None:

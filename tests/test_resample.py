@@ -16,6 +16,7 @@ from autotune.tuning.interval import paired_interval
 from autotune.tuning.validate import repeat_seeds
 from autotune.workload.build import workload_sample
 from autotune.workload.core import Workload, WorkloadRequest
+from autotune.workload.rare_trace import rare_request_trace
 from autotune.workload.resample import BAND, bootstrap, stratified_bootstrap
 
 N = 400
@@ -24,18 +25,12 @@ N = 400
 def _trace(seed: int) -> tuple[Workload, str]:
     """400 requests (log-normal lengths, Poisson arrivals at 4 req/s), one of them 5x longer
     (prompt + output) than the 99th percentile; returns it and the rare request's id."""
-    rng = np.random.default_rng(seed)
-    prompt = np.clip(rng.lognormal(np.log(1200), 0.7, N), 16, None).astype(int)
-    out = np.clip(rng.lognormal(np.log(250), 0.6, N), 4, None).astype(int)
-    p99 = float(np.percentile(prompt + out, 99))
-    k = int(rng.integers(N // 4, 3 * N // 4))
-    prompt[k], out[k] = int(5 * p99) - 200, 200
-    t = np.cumsum(rng.exponential(0.25, N))
+    tr = rare_request_trace(seed, N)
     reqs = [
-        WorkloadRequest(int(prompt[i]), int(out[i]), arrival=float(t[i] - t[0]), request_id=f"r{i}")
+        WorkloadRequest(tr.prompt[i], tr.output[i], arrival=tr.arrival[i], request_id=f"r{i}")
         for i in range(N)
     ]
-    return Workload(reqs, "trace"), f"r{k}"
+    return Workload(reqs, "trace"), f"r{tr.rare}"
 
 
 def _lengths(wl: Workload) -> list[int]:

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["BASE", "CASES", "EXISTING", "Case", "merged"]
+import yaml
+
+__all__ = ["BASE", "CASES", "EXISTING", "Case", "merged", "prepare"]
 
 EXISTING = "existing"  # the study every case's database already holds
 
@@ -70,6 +74,31 @@ def merged(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def _fill(text: str, subst: dict[str, str]) -> str:
+    for key, value in subst.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def prepare(case: Case, tmp: Path, seed: Path) -> tuple[list[str], Path]:
+    """The case's files written under ``tmp`` (its config, its data), a copy of the seeded
+    database ``seed`` beside them, and its arguments with the placeholders filled in."""
+    db = tmp / "t.db"
+    shutil.copy(seed, db)
+    subst = {"tmp": str(tmp), "db": f"sqlite:///{db}", "config": str(tmp / "study.yaml")}
+    subst["data"] = str(tmp / "data.jsonl")
+    if case.data is not None:
+        data = case.data if isinstance(case.data, bytes) else case.data.encode()
+        (tmp / "data.jsonl").write_bytes(data)
+    if case.text is not None:
+        text = case.text if isinstance(case.text, bytes) else case.text.encode()
+        (tmp / "study.yaml").write_bytes(text)
+    else:
+        body = yaml.safe_dump(merged(BASE, case.config or {}), sort_keys=False)
+        (tmp / "study.yaml").write_text(_fill(body, subst), encoding="utf-8")
+    return [_fill(a, subst) for a in case.args], db
 
 
 def _w(**workload: Any) -> dict[str, Any]:

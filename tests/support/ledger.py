@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.store import Store
+from autotune.tuning.attrs import label_of, stage_of
 
 __all__ = [
     "ROWS",
@@ -65,9 +66,9 @@ def _config_key(t: optuna.trial.FrozenTrial) -> tuple[object, ...]:
     """What must run once: an enqueued config by its label, a retry as the trial it
     retries, a categorical stage's choice by its value, anything else by its number."""
     history = t.system_attrs.get("retry_history") or []
-    stage = t.user_attrs.get("stage")
-    if t.user_attrs.get("label"):
-        return ("label", t.user_attrs["label"])
+    stage, label = stage_of(t), label_of(t)
+    if label:
+        return ("label", label)
     if stage in CATEGORICAL_STAGES:
         return ("choice", stage, t.params.get(str(stage)))
     return ("trial", history[0] if history else t.number)
@@ -88,11 +89,8 @@ def study_figures(url: str, name: str, planned: int, stage_order: list[str]) -> 
         if row is not None and row.state != t.state.name:
             disagreements += 1
     disagreements += sum(1 for n in rows if n not in {t.number for t in trials})
-    order = [
-        stage_order.index(str(t.user_attrs.get("stage")))
-        for t in complete
-        if t.user_attrs.get("stage") in stage_order
-    ]
+    stages = [stage_of(t) for t in complete]
+    order = [stage_order.index(s) for s in stages if s is not None and s in stage_order]
     return StudyFigures(
         planned=planned,
         complete=len(complete),
