@@ -6,6 +6,7 @@ where wall-clock deadlines fail at random. CI also derandomizes, so a red run is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -23,6 +24,13 @@ settings.register_profile("dev", deadline=None, max_examples=30)
 
 
 settings.load_profile("ci" if in_ci() else "dev")
+
+# pytest-xdist's workers inherit COLUMNS=80 and LINES=24 from execnet; the CLI reads $COLUMNS
+# as a terminal width (autotune/cli/_app.py) and would wrap the lines tests match. A worker
+# runs as a plain pytest run does: no terminal width.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 @pytest.fixture
@@ -51,6 +59,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     with open(out, "w", encoding="utf-8") as f:
         json.dump(marks, f)
+
+
+# Under pytest-xdist the fault tests fill the ledger in a worker process: each worker hands
+# its rows back through xdist's ``workeroutput`` and the controller, which prints the summary,
+# collects them.
+_LEDGER_KEY = "autotune_fault_ledger"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import sys
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    ledger = sys.modules.get("support.ledger")
+    if workeroutput is not None and ledger is not None and ledger.ROWS:
+        workeroutput[_LEDGER_KEY] = [dataclasses.asdict(r) for r in ledger.ROWS]
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without pytest-xdist
+def pytest_testnodedown(node: object, error: object) -> None:
+    rows = getattr(node, "workeroutput", {}).get(_LEDGER_KEY)
+    if rows:
+        from support import ledger
+
+        ledger.ROWS.extend(ledger.LedgerRow(**r) for r in rows)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
