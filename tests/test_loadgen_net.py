@@ -189,7 +189,7 @@ async def test_cancelling_run_load_leaves_nothing_behind(fake: Fake) -> None:
         await task
     await asyncio.sleep(0.05)
     assert fake.in_flight == 0  # every connection was closed
-    leftover = [t for t in asyncio.all_tasks() - before if "_Run" in repr(t.get_coro())]
+    leftover = [t for t in asyncio.all_tasks() - before if "LoadRun." in repr(t.get_coro())]
     assert leftover == []
 
 

@@ -17,7 +17,7 @@ from autotune.config import WorkloadConfig
 from autotune.errors import ConfigError
 from autotune.inputs import clean_url
 from autotune.loadgen.bench import format_result, parse_goodput, run_bench
-from autotune.loadgen.runner import ProgressSnapshot
+from autotune.loadgen.sender import ProgressSnapshot
 
 __all__ = ["bench"]
 

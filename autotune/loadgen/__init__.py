@@ -2,7 +2,8 @@
 
 - :mod:`~autotune.loadgen.spec`: the ``RequestSpec`` Protocol a workload request satisfies.
 - :mod:`~autotune.loadgen.client`: aiohttp streaming client (one request -> one record).
-- :mod:`~autotune.loadgen.runner`: arrival schedule, concurrency limit, warm-up, drain.
+- :mod:`~autotune.loadgen.runner`: ``run_load``, one run from its options to its result.
+- :mod:`~autotune.loadgen.sender`: arrival schedule, concurrency limit, warm-up, drain.
 - :mod:`~autotune.loadgen.metrics`: ``vllm bench serve``'s statistics over the records.
 - :mod:`~autotune.loadgen.probe`: ``/v1/models`` and ``/version`` before a run.
 """
@@ -19,7 +20,8 @@ from autotune.loadgen.metrics import (
     windowed,
 )
 from autotune.loadgen.probe import ServerInfo, probe_server
-from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
+from autotune.loadgen.runner import LoadResult, run_load
+from autotune.loadgen.sender import ProgressSnapshot
 from autotune.loadgen.spec import RequestSpec
 
 __all__ = [

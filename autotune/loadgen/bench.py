@@ -16,7 +16,8 @@ from autotune.loadgen.client import make_session
 from autotune.loadgen.metrics import error_kind
 from autotune.loadgen.payload import Endpoint
 from autotune.loadgen.probe import ServerInfo, probe_server
-from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
+from autotune.loadgen.runner import LoadResult, run_load
+from autotune.loadgen.sender import ProgressSnapshot
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload

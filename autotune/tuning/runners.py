@@ -24,7 +24,8 @@ from autotune.loadgen.client import make_session
 from autotune.loadgen.early_stop import StopRule
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.probe import probe_server
-from autotune.loadgen.runner import LoadResult, ProgressSnapshot, run_load
+from autotune.loadgen.runner import LoadResult, run_load
+from autotune.loadgen.sender import ProgressSnapshot
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
@@ -38,7 +39,8 @@ from autotune.tuning.plan import build_bounds
 from autotune.tuning.scoring import LevelScore, Slo, score_level
 from autotune.workers.guard import GroupRegistry
 from autotune.workers.sim import SimWorker
-from autotune.workers.vllm import VllmWorker, format_command, vllm_argv
+from autotune.workers.vllm import VllmWorker
+from autotune.workers.vllm_command import format_command, vllm_argv
 from autotune.workload.build import (
     measured_lengths_path,
     model_folder,
