@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 from hypothesis import settings
+from support import config_marks
 from support.services import in_ci, need_service
 from support.tiers import tier_marks
 
@@ -39,26 +40,19 @@ def require_service() -> Callable[[str, bool, str], None]:
     return need_service
 
 
-# ``tests/test_config_fields.py`` collects the suite in a subprocess with this variable set, to
-# learn which config fields the collected tests mark with ``config_field("<dotted path>")``.
-CONFIG_FIELDS_OUT = "AUTOTUNE_CONFIG_FIELDS_OUT"
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m/-k deselect: tiers and config fields see them all
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:  # the smoke and slow tiers (tests/support/tiers.py)
         for name in tier_marks(item.nodeid):
             item.add_marker(name)
-    out = os.environ.get(CONFIG_FIELDS_OUT)
-    if not out:
-        return
-    marks = [
-        {"test": item.nodeid, "args": [str(a) for a in m.args], "n_args": len(m.args)}
-        for item in items
-        for m in item.iter_markers("config_field")
-    ]
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(marks, f)
+    # the config fields' markers (tests/support/config_marks.py): kept when this session
+    # collected the whole suite, written out when a subprocess collects it for a test
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        config.stash[config_marks.MARKS] = config_marks.marks_of(items)
+    out = os.environ.get(config_marks.ENV)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(config_marks.marks_of(items), f)
 
 
 # Under pytest-xdist the fault tests fill the ledger in a worker process: each worker hands

@@ -23,6 +23,7 @@ import numpy as np
 import optuna
 import pytest
 from pydantic import BaseModel
+from support import config_marks
 from support.studies import config
 
 from autotune.config import StudyConfig, parse_config
@@ -31,13 +32,14 @@ from autotune.loadgen.level import LevelMetrics
 from autotune.profiles.hardware import get_hardware
 from autotune.report.recommend import recommend
 from autotune.store import Store, TrialRecord
-from autotune.tuning.attrs import read_header
-from autotune.tuning.controller import create_study, model_of, run_study
-from autotune.tuning.plan import build_bounds
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
+from autotune.tuning.plan import build_bounds, model_of
 from autotune.tuning.runners import HttpRunner, VirtualRunner, make_runner
 from autotune.tuning.scoring import Slo, score_level
 from autotune.tuning.space import PARAM_ORDER, mnbt_engine_value, mnbt_range
 from autotune.tuning.stages import stage_plan
+from autotune.tuning.study_attrs import read_header
 from autotune.workers.env import worker_environment
 from autotune.workers.vllm import WorkerInfo
 from autotune.workload.build import build_workload
@@ -58,11 +60,14 @@ def config_fields(model: type[BaseModel] = StudyConfig, prefix: str = "") -> lis
     return out
 
 
-def collected_marks() -> list[dict[str, Any]]:
-    """``config_field`` markers of every test pytest collects under tests/ (a subprocess, so
-    what this session selected does not matter)."""
+def collected_marks(config: pytest.Config) -> list[dict[str, Any]]:
+    """``config_field`` markers of every test pytest collects under tests/: this session's when
+    it collected the whole suite (tests/support/config_marks.py), else a subprocess's, so what
+    this session selected does not matter."""
+    if config_marks.MARKS in config.stash:
+        return config.stash[config_marks.MARKS]
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"config-fields-{os.getpid()}.json"
-    env = {**os.environ, "AUTOTUNE_CONFIG_FIELDS_OUT": str(out)}
+    env = {**os.environ, config_marks.ENV: str(out)}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
@@ -89,9 +94,9 @@ def test_config_fields_walk_every_section() -> None:
     assert "workload.duration_s" not in fields and "search.max_model_len.log" not in fields
 
 
-def test_every_config_field_has_a_marked_test() -> None:
+def test_every_config_field_has_a_marked_test(pytestconfig: pytest.Config) -> None:
     fields = set(config_fields())
-    marks = collected_marks()
+    marks = collected_marks(pytestconfig)
     bad = [m["test"] for m in marks if m["n_args"] != 1]
     assert not bad, f"config_field takes exactly one dotted path: {bad}"
     named = {m["args"][0] for m in marks}
