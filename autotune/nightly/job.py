@@ -33,7 +33,6 @@ from autotune.tuning.create import load_study_config
 from autotune.tuning.events import OnEvent
 from autotune.tuning.interval import summary_of
 from autotune.tuning.plan import model_of
-from autotune.tuning.plan import model_of
 from autotune.tuning.validate import candidates_of
 
 __all__ = ["NightlyResult", "current_config", "rollback", "run_nightly", "study_config_for"]
