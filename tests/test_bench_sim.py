@@ -17,7 +17,7 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.server import SimServer
+from autotune.sim.routes import SimServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -115,6 +115,7 @@ async def test_cut_outputs_count_as_too_long_like_on_real_vllm() -> None:
     """vLLM serves a prompt below max_model_len with its output cut (200, finish_reason
     length): the client flags it, and scoring counts it with the over-length requests."""
     from autotune.loadgen.level import LevelMetrics
+    from autotune.loadgen.load_options import LoadOptions
     from autotune.loadgen.runner import run_load
     from autotune.tuning.scoring import Slo, score_level
     from autotune.workload.core import WorkloadRequest
@@ -130,7 +131,7 @@ async def test_cut_outputs_count_as_too_long_like_on_real_vllm() -> None:
         WorkloadRequest(600, 40, tuple(range(10, 610)), request_id="refused"),
     ]
     async with TestServer(srv.app()) as ts:
-        res = await run_load(str(ts.make_url("")), reqs, model=MODEL)
+        res = await run_load(str(ts.make_url("")), reqs, LoadOptions(model=MODEL))
     by = {r.request_id: r for r in res.records}
     assert by["cut"].success and by["cut"].truncated and by["cut"].output_tokens == 12
     assert by["ok"].success and not by["ok"].truncated

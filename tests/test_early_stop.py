@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from support.fake_server import Fake, Spec
 from support.studies import config
 
-from autotune.loadgen import run_load
+from autotune.loadgen import LoadOptions, run_load
 from autotune.loadgen.early_stop import StopRule, Tally, needed, stopped_summary
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.metrics import RequestRecord, summarize
@@ -355,7 +355,9 @@ async def test_http_replay_stops_once_requests_in_flight_age_past_the_ttft_slo(
     specs += [Spec(f"h{i}", prompt_text="hang", arrival=0.0) for i in range(10)]
     rule = StopRule(p99_ttft_ms=200.0)
     wall = time.perf_counter()
-    res = await run_load(fake.url, specs, model="tiny", early_stop=rule, drain_timeout=5.0)
+    res = await run_load(
+        fake.url, specs, LoadOptions(model="tiny", early_stop=rule, drain_timeout=5.0)
+    )
     assert time.perf_counter() - wall < 1.5  # not the 5 s drain of the hung requests
     stop = res.early_stop
     assert stop is not None and stop.reason == "p99_ttft"
@@ -371,9 +373,9 @@ async def test_http_replay_stops_at_the_first_error_beyond_the_limit(
     specs = [Spec("e", prompt_text="500", arrival=0.0)]
     specs += [Spec(f"t{i}", arrival=0.1 * i) for i in range(1, 20)]  # 0.1 .. 1.9 s
     wall = time.perf_counter()
-    res = await run_load(fake.url, specs, model="tiny", early_stop=StopRule())
+    res = await run_load(fake.url, specs, LoadOptions(model="tiny", early_stop=StopRule()))
     assert time.perf_counter() - wall < 1.0
     assert res.early_stop is not None and res.early_stop.reason == "error_rate"
     assert res.summary["errors_by_kind"] == {"http_500": 1} and len(res.records) < 5
-    plain = await run_load(fake.url, specs[:3], model="tiny")
+    plain = await run_load(fake.url, specs[:3], LoadOptions(model="tiny"))
     assert plain.early_stop is None and len(plain.records) == 3

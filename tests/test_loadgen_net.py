@@ -17,6 +17,7 @@ from support.fake_server import ITL, SLACK, TTFT, Fake, Spec
 
 from autotune.errors import ConfigError, ServiceError
 from autotune.loadgen import (
+    LoadOptions,
     ProgressSnapshot,
     RequestSpec,
     make_session,
@@ -94,7 +95,9 @@ async def test_total_timeout_and_unreachable_server(fake: Fake) -> None:
 async def test_mixed_run_completes_and_explains_failures(fake: Fake) -> None:
     modes = ["ok"] * 6 + ["500", "overlen", "notsse", "reset", "stall", "ok"]
     specs = [Spec(f"r{i}", prompt_text=m) for i, m in enumerate(modes)]
-    res = await run_load(fake.url, specs, model="tiny", max_concurrency=4, stall_timeout=0.3)
+    res = await run_load(
+        fake.url, specs, LoadOptions(model="tiny", max_concurrency=4, stall_timeout=0.3)
+    )
     s = res.summary
     assert len(res.records) == 12 and s["completed"] == 7 and s["failed"] == 5
     assert s["errors_by_kind"] == {
@@ -114,7 +117,7 @@ async def test_poisson_schedule_is_kept_and_lag_recorded(fake: Fake) -> None:
     for i in range(25):
         t += rng.expovariate(60.0)
         specs.append(Spec(f"p{i}", arrival=t))
-    res = await run_load(fake.url, specs, model="tiny")
+    res = await run_load(fake.url, specs, LoadOptions(model="tiny"))
     for spec, r in zip(specs, res.records, strict=True):
         assert r.scheduled_at == spec.arrival and r.sent_at is not None
         assert 0.0 <= r.sent_at - r.scheduled_at < 0.03  # sends on time, never early
@@ -127,7 +130,7 @@ async def test_poisson_schedule_is_kept_and_lag_recorded(fake: Fake) -> None:
 async def test_time_scale_compresses_the_schedule(fake: Fake) -> None:
     specs = [Spec(f"s{i}", arrival=i * 1.0, output_len=2) for i in range(4)]  # 0..3 engine s
     wall = time.perf_counter()
-    res = await run_load(fake.url, specs, model="tiny", time_scale=10.0)
+    res = await run_load(fake.url, specs, LoadOptions(model="tiny", time_scale=10.0))
     # 0.3 s of arrivals at 10x, not 3 s; the margin absorbs a loaded 2-core host (1.1 s seen)
     assert time.perf_counter() - wall < 2.0
     for spec, r in zip(specs, res.records, strict=True):
@@ -139,7 +142,7 @@ async def test_time_scale_compresses_the_schedule(fake: Fake) -> None:
 @pytest.mark.parametrize("open_loop", [False, True])
 async def test_max_concurrency_is_respected(fake: Fake, open_loop: bool) -> None:
     specs = [Spec(f"c{i}", arrival=0.0 if open_loop else None) for i in range(12)]
-    res = await run_load(fake.url, specs, model="tiny", max_concurrency=3)
+    res = await run_load(fake.url, specs, LoadOptions(model="tiny", max_concurrency=3))
     assert fake.peak == 3 and res.summary["completed"] == 12
     assert res.summary["max_concurrent_requests"] <= 3
     if open_loop:  # queued requests wait for a slot: that shows up as scheduling lag
@@ -148,7 +151,7 @@ async def test_max_concurrency_is_respected(fake: Fake, open_loop: bool) -> None
 
 async def test_warmup_is_sent_first_marked_and_excluded(fake: Fake) -> None:
     specs = [Spec("a", output_len=2), Spec("b", output_len=3)]
-    res = await run_load(fake.url, specs, model="tiny", warmup=3)
+    res = await run_load(fake.url, specs, LoadOptions(model="tiny", warmup=3))
     warm = [r for r in res.records if r.warmup]
     assert [r.request_id for r in warm] == ["warmup-0-a", "warmup-1-b", "warmup-2-a"]
     assert all(r.success and r.finished_at <= 0.0 for r in warm)  # before t0
@@ -161,7 +164,9 @@ async def test_duration_bound_and_drain_timeout(fake: Fake) -> None:
     specs = [Spec("h", prompt_text="hang", arrival=0.0)]
     specs += [Spec(f"t{i}", arrival=0.1 * i) for i in range(1, 10)]  # 0.1 .. 0.9 s
     wall = time.perf_counter()
-    res = await run_load(fake.url, specs, model="tiny", duration=0.35, drain_timeout=0.4)
+    res = await run_load(
+        fake.url, specs, LoadOptions(model="tiny", duration=0.35, drain_timeout=0.4)
+    )
     assert time.perf_counter() - wall < 1.5
     assert [r.request_id for r in res.records] == ["h", "t1", "t2", "t3"]
     hung = res.records[0]
@@ -173,7 +178,9 @@ async def test_duration_bound_and_drain_timeout(fake: Fake) -> None:
 
 async def test_closed_loop_duration_bound(fake: Fake) -> None:
     specs = [Spec(f"c{i}", output_len=2) for i in range(100)]
-    res = await run_load(fake.url, specs, model="tiny", max_concurrency=2, duration=0.2)
+    res = await run_load(
+        fake.url, specs, LoadOptions(model="tiny", max_concurrency=2, duration=0.2)
+    )
     assert 2 <= len(res.records) < 20 and res.summary["failed"] == 0
     assert all(r.sent_at is not None and r.sent_at < 0.2 for r in res.records)
 
@@ -181,7 +188,7 @@ async def test_closed_loop_duration_bound(fake: Fake) -> None:
 async def test_cancelling_run_load_leaves_nothing_behind(fake: Fake) -> None:
     specs = [Spec(f"h{i}", prompt_text="hang") for i in range(5)]
     before = asyncio.all_tasks()
-    task = asyncio.create_task(run_load(fake.url, specs, model="tiny"))
+    task = asyncio.create_task(run_load(fake.url, specs, LoadOptions(model="tiny")))
     while fake.in_flight < 5:
         await asyncio.sleep(0.01)
     task.cancel()
@@ -196,16 +203,18 @@ async def test_cancelling_run_load_leaves_nothing_behind(fake: Fake) -> None:
 async def test_progress_snapshots(fake: Fake) -> None:
     seen: list[ProgressSnapshot] = []
     specs = [Spec(f"p{i}", arrival=0.02 * i) for i in range(5)]
-    await run_load(fake.url, specs, model="tiny", progress=seen.append, progress_interval=0.0)
+    await run_load(
+        fake.url, specs, LoadOptions(model="tiny", progress_interval=0.0), progress=seen.append
+    )
     assert seen[-1].phase == "done" and seen[-1].completed == 5 and seen[-1].in_flight == 0
     assert all(s.planned == 5 for s in seen) and any(s.phase == "run" for s in seen)
 
 
 async def test_bad_arguments_fail_before_sending(fake: Fake) -> None:
     with pytest.raises(ConfigError, match="max_concurrency"):
-        await run_load(fake.url, [Spec("a")], model="tiny", max_concurrency=0)
+        await run_load(fake.url, [Spec("a")], LoadOptions(model="tiny", max_concurrency=0))
     with pytest.raises(ConfigError, match="goodput"):
-        await run_load(fake.url, [Spec("a")], model="tiny", goodput_slos={"foo": 1.0})
+        await run_load(fake.url, [Spec("a")], LoadOptions(model="tiny", goodput_slos={"foo": 1.0}))
     assert fake.bodies == []
 
 

@@ -20,14 +20,14 @@ import pytest
 from aiohttp.test_utils import TestServer
 from support.processes import children_serving, free_port
 
-from autotune.loadgen import run_load
+from autotune.loadgen import LoadOptions, run_load
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.server import SimServer
+from autotune.sim.routes import SimServer
 from autotune.store import Store
-from autotune.tuning.controller import create_study
+from autotune.tuning.create import create_study
 from autotune.tuning.events import Event, LevelProgress, WorkerDied
 from autotune.tuning.plan import baseline_engine_args
 from autotune.tuning.runners import HttpRunner, make_runner
@@ -163,9 +163,8 @@ async def test_run_load_stops_sending_when_the_stop_event_is_set() -> None:
         res = await run_load(
             str(ts.make_url("")),
             reqs,
-            model=MODEL,
+            LoadOptions(model=MODEL, progress_interval=0.0),
             progress=progress,
-            progress_interval=0.0,
             stop=stop,
         )
     assert res.stopped_at is not None and set_at
@@ -255,7 +254,7 @@ async def test_a_trial_keeps_the_partial_level_and_the_cause(
 
 def test_progress_line_names_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     """The study's progress output prints the death's reason on its own line."""
-    from autotune.cli.study import progress_printer
+    from autotune.cli.progress import progress_printer
 
     on_event = progress_printer()
     on_event(WorkerDied(0, 1.0, "ENGINE_DEAD", "API server (pid 7) killed by SIGKILL"))

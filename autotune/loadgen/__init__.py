@@ -2,6 +2,7 @@
 
 - :mod:`~autotune.loadgen.spec`: the ``RequestSpec`` Protocol a workload request satisfies.
 - :mod:`~autotune.loadgen.client`: aiohttp streaming client (one request -> one record).
+- :mod:`~autotune.loadgen.load_options`: ``LoadOptions``, what one run is asked to do.
 - :mod:`~autotune.loadgen.runner`: ``run_load``, one run from its options to its result.
 - :mod:`~autotune.loadgen.sender`: arrival schedule, concurrency limit, warm-up, drain.
 - :mod:`~autotune.loadgen.metrics`: ``vllm bench serve``'s statistics over the records.
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 from autotune.loadgen.client import DEFAULT_STALL_TIMEOUT, Endpoint, make_session, send_request
+from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.metrics import (
     DEFAULT_PERCENTILES,
     RequestRecord,
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_PERCENTILES",
     "DEFAULT_STALL_TIMEOUT",
     "Endpoint",
+    "LoadOptions",
     "LoadResult",
     "ProgressSnapshot",
     "RequestRecord",

@@ -13,6 +13,7 @@ from typing import Any
 from autotune.config import WorkloadConfig
 from autotune.errors import AutotuneError, ServiceError
 from autotune.loadgen.client import make_session
+from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.metrics import error_kind
 from autotune.loadgen.payload import Endpoint
 from autotune.loadgen.probe import ServerInfo, probe_server
@@ -118,15 +119,17 @@ async def run_bench(
     result = await run_load(
         info.base_url,
         sent.requests,
-        model=model or info.model_id,
-        endpoint=endpoint,
-        api_key=api_key,
-        max_concurrency=concurrency,
-        warmup=workload.warmup,
-        duration=duration,
-        time_scale=info.time_scale,
+        LoadOptions(
+            model=model or info.model_id,
+            endpoint=endpoint,
+            api_key=api_key,
+            max_concurrency=concurrency,
+            warmup=workload.warmup,
+            duration=duration,
+            time_scale=info.time_scale,
+            goodput_slos=goodput,
+        ),
         progress=progress,
-        goodput_slos=goodput,
     )
     return BenchOutcome(info, wl, result)
 

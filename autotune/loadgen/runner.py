@@ -22,20 +22,14 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import ConfigError
-from autotune.loadgen.client import DEFAULT_STALL_TIMEOUT, Endpoint, RequestOptions, make_session
-from autotune.loadgen.early_stop import StopRule, stopped_summary
-from autotune.loadgen.metrics import (
-    DEFAULT_PERCENTILES,
-    RequestRecord,
-    length_warning,
-    summarize,
-    windowed,
-)
+from autotune.loadgen.client import make_session
+from autotune.loadgen.early_stop import stopped_summary
+from autotune.loadgen.load_options import LoadOptions
+from autotune.loadgen.metrics import RequestRecord, length_warning, summarize, windowed
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.sender import EARLY_STOPPED, STOPPED, LoadRun, ProgressSnapshot
 from autotune.loadgen.spec import RequestSpec
@@ -69,92 +63,45 @@ class LoadResult:
         return windowed(self.records, window_s)
 
 
-def _validate(
-    max_concurrency: int | None,
-    warmup: int,
-    duration: float | None,
-    drain_timeout: float,
-    time_scale: float,
-    endpoint: str,
-) -> None:
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ConfigError(f"max_concurrency must be at least 1: {max_concurrency}")
-    if warmup < 0:
-        raise ConfigError(f"warmup must be a non-negative number of requests: {warmup}")
-    if duration is not None and not duration > 0:
-        raise ConfigError(f"duration must be positive: {duration}")
-    if not drain_timeout >= 0:
-        raise ConfigError(f"drain_timeout must be non-negative: {drain_timeout}")
-    if not time_scale > 0:
-        raise ConfigError(f"time_scale must be positive: {time_scale}")
-    if endpoint not in ("completions", "chat"):
-        raise ConfigError(f"unknown endpoint {endpoint!r}: expected 'completions' or 'chat'")
-
-
 async def run_load(
     base_url: str,
     requests: Sequence[RequestSpec],
+    options: LoadOptions,
     *,
-    model: str,
-    endpoint: Endpoint = "completions",
-    api_key: str | None = None,
-    max_concurrency: int | None = None,
-    warmup: int = 0,
-    duration: float | None = None,
-    drain_timeout: float = 30.0,
-    time_scale: float = 1.0,
     progress: Callable[[ProgressSnapshot], None] | None = None,
-    progress_interval: float = 0.5,
-    request_timeout: float | None = None,
-    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
-    temperature: float = 0.0,
-    ignore_eos: bool = True,
-    extra_body: Mapping[str, Any] | None = None,
-    goodput_slos: dict[str, float] | None = None,
-    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     stop: asyncio.Event | None = None,
-    early_stop: StopRule | None = None,
 ) -> LoadResult:
-    """Run ``requests`` against ``base_url`` and return every record with a summary.
+    """Run ``requests`` against ``base_url`` as ``options`` say and return every record with
+    a summary.
 
-    ``duration`` (engine seconds) stops sending: open-loop requests arriving at or after it
-    and closed-loop requests that would start after it are not sent. ``drain_timeout``
-    (wall seconds) then bounds the wait for requests in flight; the rest are cancelled and
-    recorded as failed (``"cancelled: at drain timeout"``). Cancelling the caller's task
-    cancels every request and closes the session before CancelledError propagates.
+    Sending stops at ``options.duration``; ``options.drain_timeout`` (wall seconds) then
+    bounds the wait for requests in flight; the rest are cancelled and recorded as failed
+    (``"cancelled: at drain timeout"``). Cancelling the caller's task cancels every request
+    and closes the session before CancelledError propagates. ``progress`` sees a snapshot
+    every ``options.progress_interval`` wall seconds.
 
     ``stop`` (e.g. a worker's death event) ends the run early: once it is set nothing more is
     sent, requests in flight are cancelled and recorded as failed, and what completed is
     kept; :attr:`LoadResult.stopped_at` says when.
 
-    ``early_stop`` ends the run the same way as soon as the level's verdict is certain
-    (docs/tuning.md#10-early-stop-inside-a-level); the requests it cuts get no record, and
-    :attr:`LoadResult.early_stop` says why and when.
+    ``options.early_stop`` ends the run the same way as soon as the level's verdict is
+    certain (docs/tuning.md#10-early-stop-inside-a-level); the requests it cuts get no
+    record, and :attr:`LoadResult.early_stop` says why and when.
     """
-    _validate(max_concurrency, warmup, duration, drain_timeout, time_scale, endpoint)
-    summarize([], 0.0, goodput_slos=goodput_slos, percentiles=percentiles)  # fail fast
-    options = RequestOptions(
-        model=model,
-        endpoint=endpoint,
-        api_key=api_key,
-        timeout=request_timeout,
-        stall_timeout=stall_timeout,
-        temperature=temperature,
-        ignore_eos=ignore_eos,
-        extra_body=extra_body,
-    )
-    async with make_session(max_concurrency) as session:
+    options.validate()
+    o = options
+    async with make_session(o.max_concurrency) as session:
         run = LoadRun(
             session,
             base_url,
-            options,
-            max_concurrency,
-            time_scale,
+            o.request_options(),
+            o.max_concurrency,
+            o.time_scale,
             progress,
-            progress_interval,
+            o.progress_interval,
             planned=len(requests),
             stop=stop,
-            early_stop=early_stop,
+            early_stop=o.early_stop,
         )
         # A full collection walks every live object: with a large heap (the caller's workload,
         # earlier runs' records) that is a pause of tens of ms on the loop that sends on
@@ -163,13 +110,13 @@ async def run_load(
         gc.freeze()
         watcher: asyncio.Future[None] | None = None
         try:
-            if warmup and requests:
-                await run.warmup(requests, warmup, drain_timeout)
+            if o.warmup and requests:
+                await run.warmup(requests, o.warmup, o.drain_timeout)
             run.start_clock()
             started_at = time.time()
-            watcher = asyncio.ensure_future(run.watch()) if early_stop is not None else None
-            await run.schedule_until_stopped(requests, duration)
-            drained = run.stopping() or await run.wait_all(drain_timeout, "drain")
+            watcher = asyncio.ensure_future(run.watch()) if o.early_stop is not None else None
+            await run.schedule_until_stopped(requests, o.duration)
+            drained = run.stopping() or await run.wait_all(o.drain_timeout, "drain")
             if run.halt.is_set():
                 await run.cancel(EARLY_STOPPED)
             elif run.stopping():
@@ -191,9 +138,9 @@ async def run_load(
     summary = summarize(
         records,
         elapsed,
-        goodput_slos=goodput_slos,
-        percentiles=percentiles,
-        time_scale=time_scale,
+        goodput_slos=o.goodput_slos,
+        percentiles=o.percentiles,
+        time_scale=o.time_scale,
     )
     if (warning := length_warning(summary)) is not None:
         log.warning("%s", warning)
@@ -204,10 +151,10 @@ async def run_load(
         records=records,
         duration=elapsed,
         summary=summary,
-        time_scale=time_scale,
+        time_scale=o.time_scale,
         started_at=started_at,
         warmup_records=len(run.warm),
-        stopped_at=(None if run.stopped_at is None else (run.stopped_at - run.t0) * time_scale),
+        stopped_at=(None if run.stopped_at is None else (run.stopped_at - run.t0) * o.time_scale),
         origin=run.t0,
         early_stop=ended,
         wall_s=wall,

@@ -23,6 +23,7 @@ from autotune.failures import FailureMatch
 from autotune.loadgen.client import make_session
 from autotune.loadgen.early_stop import StopRule
 from autotune.loadgen.level import LevelMetrics
+from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.probe import probe_server
 from autotune.loadgen.runner import LoadResult, run_load
 from autotune.loadgen.sender import ProgressSnapshot
@@ -298,18 +299,17 @@ class HttpRunner:
         async with Scraper(
             self.base_url + "/metrics", interval_s=self.scrape_interval_s
         ) as scraper:
-            res = await run_load(
-                self.base_url,
-                wl.requests,
+            options = LoadOptions(
                 model=self.model_name,
                 endpoint=self.endpoint,  # type: ignore[arg-type]
                 max_concurrency=wl.closed_loop_concurrency,
                 time_scale=self.time_scale,
-                progress=seen,
                 api_key=self.worker.api_key,
-                stop=self.worker.death_event,
                 warmup=self.warmup,
                 early_stop=self.early_stop,
+            )
+            res = await run_load(
+                self.base_url, wl.requests, options, progress=seen, stop=self.worker.death_event
             )
             if self.worker.death() is not None:
                 await scraper.abandon()  # no after snapshot from a dead or frozen server
