@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 
 import autotune.sim.replay as replay
-import autotune.tuning.controller as controller
+import autotune.tuning.create as create
+import autotune.tuning.lane_loop as lane_loop
 from autotune.config import StudyConfig
-from autotune.loadgen.early_stop import needed
-from autotune.sim.engine import SimResult
+from autotune.loadgen.stop_rule import needed
+from autotune.sim.result import SimResult
 
 __all__ = ["OracleTally", "level_oracle", "oracle_replay"]
 
@@ -101,8 +102,8 @@ def oracle_replay(cfg: StudyConfig) -> Iterator[OracleTally]:
     real: Callable[..., SimResult] = replay.simulate
     # the validation phase's runs and create's baseline capacity probe are no trial's
     # levels: the benchmark's replay figures sum the trials' levels only
-    skipped = ("run_validation", "_baseline_capacity")
-    saved = {name: getattr(controller, name) for name in skipped}
+    skipped = ((lane_loop, "run_validation"), (create, "baseline_capacity"))
+    saved = {(module, name): getattr(module, name) for module, name in skipped}
     in_other = False
 
     def outside_trials(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -128,11 +129,11 @@ def oracle_replay(cfg: StudyConfig) -> Iterator[OracleTally]:
         return res
 
     replay.simulate = wrapped  # type: ignore[assignment]
-    for name, fn in saved.items():
-        setattr(controller, name, outside_trials(fn))
+    for (module, name), fn in saved.items():
+        setattr(module, name, outside_trials(fn))
     try:
         yield tally
     finally:
         replay.simulate = real  # type: ignore[assignment]
-        for name, fn in saved.items():
-            setattr(controller, name, fn)
+        for (module, name), fn in saved.items():
+            setattr(module, name, fn)

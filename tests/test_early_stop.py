@@ -19,9 +19,9 @@ from support.fake_server import Fake, Spec
 from support.studies import config
 
 from autotune.loadgen import LoadOptions, run_load
-from autotune.loadgen.early_stop import StopRule, Tally, needed, stopped_summary
+from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.level import LevelMetrics
-from autotune.loadgen.metrics import RequestRecord, summarize
+from autotune.loadgen.stop_rule import StopRule, Tally, needed, stopped_summary
 from autotune.loadgen.stopped import StopInfo
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model

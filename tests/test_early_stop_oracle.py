@@ -1,6 +1,6 @@
 """The early-stop oracle of the tuning-quality benchmark (benchmarks/early_stop_oracle.py): the
 latest send among the k requests a limit needs is a bound no sound rule beats, so the
-product's rule (autotune/sim/watch.py) never stops a simulated level before it, and a
+product's rule (autotune/sim/stop_watch.py) never stops a simulated level before it, and a
 level the oracle cannot cut never stops."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from support.studies import config
 
-from autotune.loadgen.early_stop import StopRule, needed
+from autotune.loadgen.stop_rule import StopRule, needed
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import SimWatch, sim_engine_args, sim_requests
-from autotune.sim.engine import simulate
+from autotune.sim.virtual_loop import simulate
 from autotune.workload.build import build_workload, scale_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

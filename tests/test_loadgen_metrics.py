@@ -1,4 +1,4 @@
-"""autotune.loadgen.metrics and .sse: hand-computed examples, pure functions only."""
+"""autotune.loadgen.bench_stats and .sse: hand-computed examples, pure functions only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.loadgen import RequestRecord, error_kind, peak_concurrency, summarize, windowed
-from autotune.loadgen.metrics import percentile_key
+from autotune.loadgen.bench_stats import percentile_key
 from autotune.loadgen.sse import SSEParser
 
 

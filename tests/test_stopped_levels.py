@@ -16,9 +16,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from autotune.loadgen.early_stop import stopped_summary
+from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.level import LevelMetrics, overlength_rate
-from autotune.loadgen.metrics import RequestRecord, summarize
+from autotune.loadgen.stop_rule import stopped_summary
 from autotune.loadgen.stopped import StopInfo, certain_rate
 from autotune.report.levels import figure_cell, progress_figures, record_stopped
 from autotune.report.notes import trial_note

@@ -5,15 +5,13 @@
 - :mod:`~autotune.loadgen.load_options`: ``LoadOptions``, what one run is asked to do.
 - :mod:`~autotune.loadgen.runner`: ``run_load``, one run from its options to its result.
 - :mod:`~autotune.loadgen.sender`: arrival schedule, concurrency limit, warm-up, drain.
-- :mod:`~autotune.loadgen.metrics`: ``vllm bench serve``'s statistics over the records.
+- :mod:`~autotune.loadgen.bench_stats`: ``vllm bench serve``'s statistics over the records.
 - :mod:`~autotune.loadgen.probe`: ``/v1/models`` and ``/version`` before a run.
 """
 
 from __future__ import annotations
 
-from autotune.loadgen.client import DEFAULT_STALL_TIMEOUT, Endpoint, make_session, send_request
-from autotune.loadgen.load_options import LoadOptions
-from autotune.loadgen.metrics import (
+from autotune.loadgen.bench_stats import (
     DEFAULT_PERCENTILES,
     RequestRecord,
     error_kind,
@@ -21,6 +19,8 @@ from autotune.loadgen.metrics import (
     summarize,
     windowed,
 )
+from autotune.loadgen.client import DEFAULT_STALL_TIMEOUT, Endpoint, make_session, send_request
+from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.runner import LoadResult, run_load
 from autotune.loadgen.sender import ProgressSnapshot

@@ -12,9 +12,9 @@ from typing import Any
 
 from autotune.config import WorkloadConfig
 from autotune.errors import AutotuneError, ServiceError
+from autotune.loadgen.bench_stats import error_kind
 from autotune.loadgen.client import make_session
 from autotune.loadgen.load_options import LoadOptions
-from autotune.loadgen.metrics import error_kind
 from autotune.loadgen.payload import Endpoint
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.runner import LoadResult, run_load

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from autotune.loadgen.metrics import RequestRecord
+from autotune.loadgen.bench_stats import RequestRecord
 from autotune.loadgen.payload import (
     DEFAULT_STALL_TIMEOUT,
     Endpoint,

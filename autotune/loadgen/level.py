@@ -1,9 +1,9 @@
 """One load level's figures as one typed record, and the one definition of its rates.
 
-The load generator's summary (``vllm bench serve``'s keys, :func:`.metrics.summarize`) and the
-in-process simulator both become a :class:`LevelMetrics`; scoring reads it, storage writes its
-fields as columns (:func:`autotune.tuning.outcome.level_record`). The rates are defined here
-and nowhere else (docs/tuning.md#3-the-per-level-record):
+The load generator's summary (``vllm bench serve``'s keys, :func:`.bench_stats.summarize`)
+and the in-process simulator both become a :class:`LevelMetrics`; scoring reads it, storage
+writes its fields as columns (:func:`autotune.tuning.outcome.level_record`). The rates are
+defined here and nowhere else (docs/tuning.md#3-the-per-level-record):
 
 - ``error_rate``: requests that failed for any reason other than ``max_model_len``
   (HTTP errors, timeouts, stalls, cancellations), over every measured request;
@@ -103,7 +103,7 @@ class LevelMetrics:
 
     @classmethod
     def from_summary(cls, s: Mapping[str, Any], stop: StopInfo | None = None) -> LevelMetrics:
-        """Read :func:`autotune.loadgen.metrics.summarize`'s result (vLLM's key names), of a
+        """Read :func:`autotune.loadgen.bench_stats.summarize`'s result (vLLM's key names), of a
         level that ``stop`` ended (None: it ran to its end)."""
         pre = s.get("num_preemptions")
         return cls(

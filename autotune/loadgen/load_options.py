@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.loadgen.bench_stats import DEFAULT_PERCENTILES, summarize
 from autotune.loadgen.client import DEFAULT_STALL_TIMEOUT, Endpoint, RequestOptions
-from autotune.loadgen.early_stop import StopRule
-from autotune.loadgen.metrics import DEFAULT_PERCENTILES, summarize
+from autotune.loadgen.stop_rule import StopRule
 
 __all__ = ["LoadOptions"]
 

@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.loadgen.bench_stats import RequestRecord, length_warning, summarize, windowed
 from autotune.loadgen.client import make_session
-from autotune.loadgen.early_stop import stopped_summary
 from autotune.loadgen.load_options import LoadOptions
-from autotune.loadgen.metrics import RequestRecord, length_warning, summarize, windowed
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.sender import EARLY_STOPPED, STOPPED, LoadRun, ProgressSnapshot
 from autotune.loadgen.spec import RequestSpec
+from autotune.loadgen.stop_rule import stopped_summary
 from autotune.loadgen.stopped import StopInfo
 
 __all__ = ["LoadResult", "ServerInfo", "probe_server", "run_load"]

@@ -17,10 +17,10 @@ from typing import Literal
 import aiohttp
 import numpy as np
 
+from autotune.loadgen.bench_stats import RequestRecord
 from autotune.loadgen.client import Attempt, RequestOptions, run_attempt
-from autotune.loadgen.early_stop import StopRule, Tally
-from autotune.loadgen.metrics import RequestRecord
 from autotune.loadgen.spec import RequestSpec
+from autotune.loadgen.stop_rule import StopRule, Tally
 from autotune.timing import sleep_until
 
 __all__ = ["EARLY_STOPPED", "STOPPED", "LoadRun", "Phase", "ProgressSnapshot"]

@@ -4,7 +4,7 @@ CLI's progress lines, ``study show``, the exports and the report
 returns what to show. This module also owns the stop's stored form: the ``early_stop`` key of
 a stored level's metrics (:meth:`StopInfo.stored` writes it, :meth:`StopInfo.of` reads it).
 
-A stopped level's summary (:func:`autotune.loadgen.early_stop.stopped_summary`) holds figures
+A stopped level's summary (:func:`autotune.loadgen.stop_rule.stopped_summary`) holds figures
 over the requests that finished by the stop. Of the level, they say only this:
 
 - the latency it stopped on: when the summary restated it over every request sent (the

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from autotune.loadgen.early_stop import StopRule, stopped_summary
-from autotune.loadgen.metrics import RequestRecord, summarize
+from autotune.loadgen.bench_stats import RequestRecord, summarize
+from autotune.loadgen.stop_rule import StopRule, stopped_summary
 from autotune.loadgen.stopped import StopInfo
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
@@ -122,7 +122,7 @@ def records_from_sim(res: SimResult) -> tuple[list[RequestRecord], float]:
 @dataclass(frozen=True)
 class SimLevel:
     """One replayed level: the bench summary its records give (a stopped level's as
-    :func:`~autotune.loadgen.early_stop.stopped_summary` restates it), the engine's telemetry
+    :func:`~autotune.loadgen.stop_rule.stopped_summary` restates it), the engine's telemetry
     over the measured replay, the engine args it ran with, resolved, the engine seconds
     replayed (warm-ups excluded) and the early stop that ended it (None: none did)."""
 

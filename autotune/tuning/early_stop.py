@@ -2,13 +2,13 @@
 
 The in-process simulator's watch that applies it, :class:`autotune.sim.SimWatch`, lives beside
 the engine whose state it reads (docs/architecture.md); the HTTP load generator applies it in
-:mod:`autotune.loadgen.early_stop`.
+:mod:`autotune.loadgen.stop_rule`.
 """
 
 from __future__ import annotations
 
 from autotune.config import StudyConfig
-from autotune.loadgen.early_stop import StopRule
+from autotune.loadgen.stop_rule import StopRule
 
 __all__ = ["rule_of"]
 

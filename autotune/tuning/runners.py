@@ -21,12 +21,12 @@ from autotune.config import StudyConfig
 from autotune.errors import ConfigError, ServiceError
 from autotune.failures import FailureMatch
 from autotune.loadgen.client import make_session
-from autotune.loadgen.early_stop import StopRule
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.probe import probe_server
 from autotune.loadgen.runner import LoadResult, run_load
 from autotune.loadgen.sender import ProgressSnapshot
+from autotune.loadgen.stop_rule import StopRule
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
