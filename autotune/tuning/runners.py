@@ -443,13 +443,14 @@ def make_runner(
     devices = gpus if gpus is not None else w.gpus
     name = cfg.model.served_name or cfg.model.name
     t = cfg.telemetry
-    tel: dict[str, Any] = {
-        "scrape_interval_s": t.scrape_interval_s,
-        "prometheus_url": t.prometheus_url,
-        "sd_file": Path(t.sd_file) if t.sd_file else workdir / "prometheus-targets.json",
-        "warmup": cfg.workload.warmup,
-        "early_stop": rule_of(cfg),
-    }
+    rule = rule_of(cfg)
+    tel: dict[str, Any] = dict(
+        scrape_interval_s=t.scrape_interval_s,
+        prometheus_url=t.prometheus_url,
+        sd_file=Path(t.sd_file) if t.sd_file else workdir / "prometheus-targets.json",
+        warmup=cfg.workload.warmup,
+        early_stop=rule,
+    )
     if w.kind == "sim-virtual":
         return VirtualRunner(
             model,
@@ -459,7 +460,7 @@ def make_runner(
             seed=cfg.seed,
             jitter_cv=w.jitter_cv,
             warmup=cfg.workload.warmup,
-            early_stop=tel["early_stop"],
+            early_stop=rule,
         )
     if w.kind == "sim":
         sim = SimWorker(
