@@ -19,16 +19,16 @@ from aiohttp.test_utils import TestServer
 from autotune.config import WorkloadConfig
 from autotune.loadgen import make_session, probe_server
 from autotune.loadgen.bench import run_bench
-from autotune.loadgen.metrics import length_warning, summarize
+from autotune.loadgen.bench_stats import length_warning, summarize
 from autotune.loadgen.tokens import clear_cache, prepare_for_server, server_tokens
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.server import SimServer
+from autotune.sim.routes import SimServer
 from autotune.workload.core import Workload, WorkloadRequest
 from autotune.workload.text import MIN_TOKEN_ID
-from autotune.workload.tokens import (
+from autotune.workload.token_space import (
     TokenSpace,
     chat_tolerance,
     load_token_space,
@@ -207,7 +207,7 @@ async def test_given_text_is_counted_by_the_server(char_server: tuple[CharServer
 
 
 def test_length_warning_only_beyond_two_percent() -> None:
-    from autotune.loadgen.metrics import RequestRecord
+    from autotune.loadgen.bench_stats import RequestRecord
 
     def recs(measured: int) -> list[RequestRecord]:
         return [

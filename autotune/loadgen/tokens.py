@@ -1,7 +1,7 @@
 """Prompts of the requested length on the server at hand (docs/loadgen.md#4-exact-prompt-lengths).
 
 - Completions: token-id prompts for every server (exact by construction), in the server's
-  :class:`~autotune.workload.tokens.TokenSpace`: the simulator's whole vocabulary, else the
+  :class:`~autotune.workload.token_space.TokenSpace`: the simulator's whole vocabulary, else the
   ordinary ids of the model folder's ``tokenizer.json`` (the server's ``/v1/models`` root, or
   the folder the study names), else the ids ``/tokenize`` gives for a probe text.
 - Chat (text only): each prompt is built through the server's ``/detokenize`` and
@@ -32,7 +32,7 @@ from autotune.loadgen.payload import Endpoint
 from autotune.loadgen.probe import ServerInfo
 from autotune.workload.core import Workload, WorkloadRequest
 from autotune.workload.text import WORDS, random_token_ids, stable_seed
-from autotune.workload.tokens import (
+from autotune.workload.token_space import (
     TokenSpace,
     chat_tolerance,
     load_token_space,
