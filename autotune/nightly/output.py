@@ -12,9 +12,8 @@ import yaml
 
 from autotune.errors import ConfigError
 from autotune.nightly.job_records import DecisionRecord
-from autotune.profiles.flags import strip_sim_flags
 from autotune.redact import mask_command
-from autotune.workers.vllm_command import format_command, vllm_argv
+from autotune.workers.vllm_command import deploy_argv, format_command
 
 __all__ = ["serve_command", "write_output"]
 
@@ -27,18 +26,8 @@ def serve_command(
 ) -> str:
     """``vllm serve MODEL --flags...`` for ``engine_args`` (host and port left to the
     deployment, sim-only flags dropped)."""
-    static = strip_sim_flags(static_args or {})
-    argv = vllm_argv(
-        ["vllm"],
-        model,
-        engine_args,
-        static_args=static,
-        host="0.0.0.0",
-        port=8000,
-        served_model_name=served_name,
-    )
-    cut = argv.index("--host")
-    return mask_command(format_command(argv[:cut] + argv[cut + 4 :]))
+    argv = deploy_argv(model, engine_args, static_args=static_args, served_model_name=served_name)
+    return mask_command(format_command(argv))
 
 
 def write_output(path: str | Path, rec: DecisionRecord) -> Path:

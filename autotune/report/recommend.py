@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import StudyConfig
-from autotune.profiles.flags import strip_sim_flags
 from autotune.redact import mask_argv
 from autotune.store import RepeatRecord, TrialRecord
 from autotune.tuning.findings import record_stopped, why_infeasible
 from autotune.tuning.interval import Interval, ValidationSummary, summary_of
 from autotune.tuning.scoring import Slo, record_rank
-from autotune.workers.vllm_command import format_command, vllm_argv
+from autotune.workers.vllm_command import deploy_argv, format_command
 
 __all__ = [
     "Recommendation",
@@ -166,20 +165,12 @@ def recommend(
             return None
         slo = Slo.of(cfg.slo)
         best = max(feasible, key=lambda t: (*record_rank(cfg.mode, slo, t), -t.optuna_trial_number))
-    static = strip_sim_flags(cfg.worker.static_args)
-    name = cfg.model.served_name
-    argv = vllm_argv(
-        ["vllm"],
+    argv = deploy_argv(
         cfg.model.name,
         best.engine_args,
-        static_args=static,
-        host="0.0.0.0",
-        port=8000,
-        served_model_name=name,
+        static_args=cfg.worker.static_args,
+        served_model_name=cfg.model.served_name,
     )
-    # host/port are deployment choices, not tuned: leave them to the user
-    cut = argv.index("--host")
-    argv = argv[:cut] + argv[cut + 4 :]
     return Recommendation(
         best,
         baseline,

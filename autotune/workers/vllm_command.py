@@ -9,9 +9,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.profiles.flags import strip_sim_flags
 from autotune.redact import mask_argv
 
-__all__ = ["TUNED_ORDER", "flag_key", "format_command", "vllm_argv"]
+__all__ = ["TUNED_ORDER", "deploy_argv", "flag_key", "format_command", "vllm_argv"]
 
 # The tuned knobs lead, in this order, so stored commands of one study line up when read.
 TUNED_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
@@ -45,14 +46,15 @@ def vllm_argv(
     engine_args: Mapping[str, Any],
     *,
     static_args: Mapping[str, Any] | None = None,
-    host: str,
-    port: int,
+    host: str | None = None,
+    port: int | None = None,
     served_model_name: str | None = None,
 ) -> list[str]:
     """``executable + ["serve", model, flags...]``.
 
     Engine args come first (the tuned four in :data:`TUNED_ORDER`, the rest sorted), then
-    static args in their given order, then ``--host``/``--port``/``--served-model-name``.
+    static args in their given order, then ``--host``/``--port`` (a worker's; a command for
+    people leaves them to the deployment) and ``--served-model-name``.
     ``snake_case`` becomes ``--kebab-case``; True ``--flag``, False ``--no-flag``, None is
     left out, lists become ``--flag a b``, mappings JSON. A flag given twice is an error:
     argparse would silently keep the last one.
@@ -71,10 +73,31 @@ def vllm_argv(
         argv += _flag_args(k, engine[k])
     for k, v in static.items():
         argv += _flag_args(k, v)
-    argv += ["--host", host, "--port", str(port)]
+    if host is not None:
+        argv += ["--host", host]
+    if port is not None:
+        argv += ["--port", str(port)]
     if served_model_name is not None:
         argv += ["--served-model-name", served_model_name]
     return argv
+
+
+def deploy_argv(
+    model: str,
+    engine_args: Mapping[str, Any],
+    *,
+    static_args: Mapping[str, Any] | None = None,
+    served_model_name: str | None = None,
+) -> list[str]:
+    """The ``vllm serve`` command a user deploys a tuned config with: host and port left to
+    the deployment, the simulator-only flags (docs/simulator.md) dropped."""
+    return vllm_argv(
+        ["vllm"],
+        model,
+        engine_args,
+        static_args=strip_sim_flags(static_args or {}),
+        served_model_name=served_model_name,
+    )
 
 
 def format_command(argv: Sequence[str]) -> str:
