@@ -31,11 +31,12 @@ from autotune.profiles.flags import (
     flag_key,
     flag_table,
     same_release,
+    sim_flag,
     vllm_version_of,
 )
 from autotune.profiles.hardware import get_hardware
-from autotune.profiles.models import get_model, load_model_config
 from autotune.redact import is_secret_name, mask_text, url_has_password
+from autotune.tuning.plan import model_of
 
 __all__ = [
     "Problem",
@@ -56,16 +57,6 @@ _SET_BY_AUTOTUNE = {
     "port": "autotune gives every trial a free port",
     "served_model_name": "autotune sets it from model.served_name",
 }
-# `autotune sim serve`'s own flags (not vLLM's): those autotune sets, and those a `sim`
-# worker may be given
-_SIM_SET = {
-    "hardware": "autotune sets it from the study's hardware",
-    "time_scale": "autotune sets it from worker.time_scale",
-    "sim_seed": "autotune sets it from the study's seed",
-    "sim_startup_delay": "autotune sets it from worker.sim_startup_delay_s",
-    "sim_jitter_cv": "autotune sets it from worker.jitter_cv",
-}
-_SIM_FREE = ("sim_request_log", "sim_other_tenant_gib", "sim_stats_interval", "sim_dump_env")
 
 
 @dataclass(frozen=True)
@@ -108,16 +99,15 @@ def _static_problems(cfg: StudyConfig, table: FlagTable, extras: set[str]) -> li
     for key, value in cfg.worker.static_args.items():
         path: Path_ = ("worker", "static_args", key)
         k = flag_key(key)
-        if k in _SIM_SET or k in _SIM_FREE:
-            if k in _SIM_SET and kind != "vllm":
-                out.append(
-                    Problem(path, f"--{k.replace('_', '-')} is set by autotune ({_SIM_SET[k]})")
-                )
+        sim = sim_flag(k)
+        if sim is not None:
+            if sim.set_by is not None and kind != "vllm":
+                out.append(Problem(path, f"{sim.flag} is set by autotune ({sim.set_by})"))
             elif kind != "sim":
                 out.append(
                     Problem(
                         path,
-                        f"--{k.replace('_', '-')} is a flag of the "
+                        f"{sim.flag} is a flag of the "
                         "simulated server: only worker.kind 'sim' takes it",
                     )
                 )
@@ -296,11 +286,7 @@ def check_size(
 ) -> sizing.SizeEstimate | None:
     """The workload's size estimate (None for small workloads); ConfigError when it exceeds
     ``limit_bytes`` and ``allow`` is false."""
-    model = (
-        load_model_config(cfg.model.config_json, name=cfg.model.name)
-        if cfg.model.config_json
-        else get_model(cfg.model.name)
-    )
+    model = model_of(cfg)
     limit_bytes = sizing.LIMIT_BYTES if limit_bytes is None else limit_bytes
     est = sizing.estimate(cfg, model, get_hardware(cfg.hardware))
     if est is None or est.peak_bytes <= limit_bytes or allow:

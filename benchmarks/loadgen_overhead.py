@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.runner import run_load
 from autotune.workload import arrivals
 from autotune.workload.core import Workload, WorkloadRequest
@@ -126,7 +127,7 @@ def main() -> None:
             base_lag = asyncio.run(bare_timers(times)) * 1e3
             reqlog.write_text("")
             c0 = time.process_time()
-            res = asyncio.run(run_load(base, wl.requests, model=MODEL, warmup=0))
+            res = asyncio.run(run_load(base, wl.requests, LoadOptions(model=MODEL, warmup=0)))
             cpu = time.process_time() - c0
             recs = [r for r in res.records if not r.warmup]
             lag = np.array([r.sent_at - r.scheduled_at for r in recs]) * 1e3

@@ -42,7 +42,8 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.report.recommend import Recommendation, format_interval, recommend
 from autotune.store import Store
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.interval import paired_interval
 from autotune.tuning.runners import make_runner
 from autotune.tuning.validate import RunResult, measure_run

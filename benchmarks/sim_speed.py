@@ -31,9 +31,10 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.costs import CostModel
-from autotune.sim.engine import SimResult, simulate
 from autotune.sim.lengths import lognormal_requests
 from autotune.sim.request import SimRequest
+from autotune.sim.result import SimResult
+from autotune.sim.virtual_loop import simulate
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 HW = "H100-80GB"

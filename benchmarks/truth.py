@@ -30,10 +30,10 @@ import yaml
 from autotune.config import StudyConfig, parse_config
 from autotune.sim.version import ENGINE_MODEL_VERSION, engine_fingerprint
 from autotune.store import Store
-from autotune.tuning.attrs import read_header
-from autotune.tuning.controller import create_study
+from autotune.tuning.create import create_study
 from autotune.tuning.measure import GROUND_TRUTH, Measurement, measure_config
 from autotune.tuning.space import SpaceBounds, mnbt_range
+from autotune.tuning.study_attrs import read_header
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 

@@ -20,7 +20,7 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
-from autotune.sim.server import SimServer
+from autotune.sim.routes import SimServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -25,7 +25,7 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import jitter_seed
 from autotune.store import Store
-from autotune.tuning import controller
+from autotune.tuning import context, controller, create
 from autotune.tuning.capacity import CapacitySearch, Lattice
 from autotune.tuning.events import Event, LevelStart, TrialDone, TrialStart
 from autotune.tuning.runners import LevelOutcome, StartInfo, VirtualRunner
@@ -230,13 +230,13 @@ def test_every_trial_and_the_baseline_land_on_their_lattice_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runner = ScriptedRunner(_capacity)
-    monkeypatch.setattr(controller, "make_runner", lambda *a, **k: runner)
+    monkeypatch.setattr(context, "make_runner", lambda *a, **k: runner)
     cfg, text = config(
         strategy={"name": "joint", "n_trials": 12, "capacity_levels": 24, "capacity_high": 8.0}
     )
     lat = Lattice(cfg.strategy.capacity_low, 8.0, cfg.strategy.capacity_resolution)
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
-        controller.create_study(cfg, text, store)
+        create.create_study(cfg, text, store)
         controller.run_study("t", store)
         trials = store.trials("t")
     assert len(trials) == 12 and trials[0].stage == "baseline"
@@ -376,7 +376,7 @@ def test_trial_numbers_are_optunas_after_a_resume(tmp_path: Path) -> None:
     cfg, text = config(strategy={"name": "joint", "n_trials": 4})
     events: list[Event] = []
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
-        controller.create_study(cfg, text, store)
+        create.create_study(cfg, text, store)
         controller.run_study("t", store, n_trials=2)
 
         def interrupt(e: Event) -> None:

@@ -37,9 +37,10 @@ from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.report.recommend import recommend
 from autotune.store import Store
-from autotune.tuning.attrs import read_header
-from autotune.tuning.controller import create_study, run_study
+from autotune.tuning.controller import run_study
+from autotune.tuning.create import create_study
 from autotune.tuning.strategy import planned_total, stage_params
+from autotune.tuning.study_attrs import read_header
 from autotune.workers.procstat import is_alive
 
 pytestmark = pytest.mark.faults

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.loadgen import run_load
+from autotune.loadgen import LoadOptions, run_load
 from autotune.nightly.job_config import NightlyConfig
 from autotune.nightly.promfit import fit_lognormal, refresh_from_prometheus, rejected_warning
 from autotune.sim.vllm_page import build_1_2_5_buckets
@@ -109,7 +109,9 @@ async def test_refresh_from_a_real_prometheus(
         prom = PrometheusTelemetry(url, scrape_interval_s=0.5)
         # file_sd reaches the scrape loop within seconds: a scrape before the traffic
         await asyncio.to_thread(prom.wait_for_sample, "fit", t0, 30.0)
-        result = await run_load(info.base_url, requests, model=MODEL, max_concurrency=256)
+        result = await run_load(
+            info.base_url, requests, LoadOptions(model=MODEL, max_concurrency=256)
+        )
         assert result.summary["completed"] == 2000
         await asyncio.to_thread(prom.wait_for_sample, "fit", time.time(), 30.0)  # and after
         ref = await asyncio.to_thread(refresh_from_prometheus, nightly(url), at=time.time())

@@ -5,7 +5,7 @@ nightly's decision.
 
 The study here has a baseline whose worker died before any request completed: each of its
 levels stored 0 output tok/s and p99 latencies of 0 ms (vLLM's zeros for an empty sample,
-autotune.loadgen.metrics), which no log axis can place.
+autotune.loadgen.bench_stats), which no log axis can place.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 from support.cli_main import run_main
 from support.studies import config
 
+from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.level import LevelMetrics
-from autotune.loadgen.metrics import RequestRecord, summarize
 from autotune.report import dashboard, plots
 from autotune.store import Store
 from autotune.tuning import runners

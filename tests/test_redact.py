@@ -22,7 +22,7 @@ from autotune.redact import (
 from autotune.store import Store
 from autotune.tuning.runners import HttpRunner
 from autotune.workers import SimWorker
-from autotune.workers.vllm import format_command, vllm_argv
+from autotune.workers.vllm_command import format_command, vllm_argv
 from autotune.workload.sources import LogNormal, synthetic_workload
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError, ServiceError
-from autotune.sim.metrics import VllmMetrics
+from autotune.sim.exposition import VllmMetrics
 from autotune.telemetry import (
     KINDS,
     HistogramDelta,

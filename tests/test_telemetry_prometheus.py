@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 from support.prometheus import INTERVAL
 
 from autotune.errors import ServiceError
-from autotune.loadgen import run_load
+from autotune.loadgen import LoadOptions, run_load
 from autotune.telemetry import (
     LevelTelemetry,
     PrometheusTelemetry,
@@ -120,7 +120,7 @@ async def test_prometheus_mode_agrees_with_direct_scraping(
     ]
     scraper = Scraper(worker + "/metrics", interval_s=INTERVAL)
     before = await scraper.start()
-    result = await run_load(worker, requests, model=MODEL)
+    result = await run_load(worker, requests, LoadOptions(model=MODEL))
     await asyncio.sleep(2.5 * INTERVAL)  # Prometheus scrapes the drained server before `after`
     level = await scraper.stop()
     assert before is not None and level.after is not None

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from autotune.loadgen import run_load
+from autotune.loadgen import LoadOptions, run_load
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import from_sim_timeline
@@ -122,7 +122,7 @@ def long_prompts(n: int, seed: int = 0) -> list[WorkloadRequest]:
 async def test_token_budget_bound_through_http_server(budget_server: tuple[str, SimServer]) -> None:
     url, _ = budget_server
     async with Scraper(url + "/metrics", interval_s=0.05, timeout_s=1.0) as scraper:
-        result = await run_load(url, long_prompts(40), model=MODEL, time_scale=10.0)
+        result = await run_load(url, long_prompts(40), LoadOptions(model=MODEL, time_scale=10.0))
     level = scraper.result
     assert level is not None and level.before is not None and level.after is not None
     assert result.summary["completed"] == 40

@@ -224,7 +224,7 @@ def test_proc_state_reads_state_and_cpu_ticks() -> None:
 
 
 def test_the_progress_line_says_hung_not_died(capsys: pytest.CaptureFixture[str]) -> None:
-    from autotune.cli.study import progress_printer
+    from autotune.cli.progress import progress_printer
 
     progress_printer()(WorkerDied(0, 1.0, "HUNG", "API server hung"))
     out = capsys.readouterr().out
@@ -245,7 +245,8 @@ def test_a_study_retries_a_trial_whose_worker_was_killed_and_takes_the_retrys_ve
     from support.studies import config
 
     from autotune.store import Store
-    from autotune.tuning.controller import create_study, run_study
+    from autotune.tuning.controller import run_study
+    from autotune.tuning.create import create_study
 
     cfg, text = config(
         mode="fixed-rate",

@@ -53,7 +53,7 @@ def trial_config(t: TrialRecord) -> str:
 def on_log_axis(v: float | None) -> bool:
     """Whether a log axis can place ``v``: a number above 0. A level where no request
     completed stores latencies of 0 ms (vLLM's zeros for an empty sample,
-    autotune.loadgen.metrics), and a NaN may come from anywhere."""
+    autotune.loadgen.bench_stats), and a NaN may come from anywhere."""
     return v is not None and math.isfinite(v) and v > 0
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from itertools import chain
 
-from autotune.loadgen.early_stop import StopRule, Tally
+from autotune.loadgen.stop_rule import StopRule, Tally
 from autotune.sim.engine import Engine
 from autotune.sim.request import Req, SimRequest
 

@@ -18,9 +18,9 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
 from autotune.profiles.hardware import get_hardware
-from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.tuning.capacity import CapacityResult, Lattice
 from autotune.tuning.early_stop import rule_of
+from autotune.tuning.plan import model_of
 from autotune.tuning.runners import VirtualRunner, capacity_search
 from autotune.tuning.scoring import Slo, score_level
 from autotune.workload.build import build_workload
@@ -54,12 +54,6 @@ class Measurement:
     failure: str | None = None
 
 
-def _model(cfg: StudyConfig) -> ModelProfile:
-    if cfg.model.config_json:
-        return load_model_config(cfg.model.config_json, name=cfg.model.name)
-    return get_model(cfg.model.name)
-
-
 async def measure_config(
     cfg: StudyConfig,
     engine_args: Mapping[str, Any],
@@ -72,7 +66,7 @@ async def measure_config(
     """Output tok/s at the capacity of ``engine_args`` on the study's simulated GPU
     (slo-capacity: the lattice search, without a hint unless given; other modes: one level at
     1.0x)."""
-    model, hw = _model(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), get_hardware(cfg.hardware)
     wl = workload or build_workload(cfg.workload, vocab_size=model.vocab_size)
     runner = VirtualRunner(
         model,

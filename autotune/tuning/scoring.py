@@ -184,7 +184,7 @@ def score_level(
     if m.completed == 0:
         broken.insert(0, Violation("completed", 0.0, 1.0))
     feasible = m.completed > 0 and all(x <= 0 for x in v.values())
-    stop = StopInfo.of(m.summary)
+    stop = m.stop
     if stop is not None:
         # the margins stay the figures' (the sampler's view of the trial, unchanged); the
         # words say only what the stop made certain (docs/tuning.md#10-early-stop-inside-a-level)

@@ -17,7 +17,7 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureClass
-from autotune.loadgen.runner import ProgressSnapshot
+from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
 from autotune.tuning.capacity import CapacitySearch, Lattice
 from autotune.tuning.events import (

@@ -22,7 +22,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.failures import FailureClass, classify_log, parse_estimated_max_len
-from autotune.loadgen import make_session, probe_server, run_load, send_request
+from autotune.loadgen import LoadOptions, make_session, probe_server, run_load, send_request
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.telemetry import parse_metrics
 from autotune.workers import (
@@ -131,9 +131,11 @@ async def test_streaming_load_through_our_load_generator(
     res = await run_load(
         vllm_server.base_url,
         reqs,
-        model=vllm_server.model,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        request_timeout=REQUEST_TIMEOUT_S,
+        LoadOptions(
+            model=vllm_server.model,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            request_timeout=REQUEST_TIMEOUT_S,
+        ),
     )
     assert len(res.records) == 3
     for rec in res.records:
@@ -225,7 +227,9 @@ async def test_metrics_expose_every_family_the_tuner_reads(
     before = await scrape(vllm_server)
     reqs = text_requests(4, 32, 24, "metrics")
     res = await run_load(
-        vllm_server.base_url, reqs, model=vllm_server.model, request_timeout=REQUEST_TIMEOUT_S
+        vllm_server.base_url,
+        reqs,
+        LoadOptions(model=vllm_server.model, request_timeout=REQUEST_TIMEOUT_S),
     )
     assert all(r.success for r in res.records), [r.error for r in res.records]
     status, page = await get_text(vllm_server.base_url, "/metrics")
@@ -368,12 +372,14 @@ async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
         run_load(
             vllm_server.base_url,
             reqs,
-            model=vllm_server.model,
-            request_timeout=300.0,
-            drain_timeout=300.0,
-            # the last of 16 waves waits ~15/16 of the run for its first byte (127 s on one
-            # slow host): a queued request is not a stalled one here
-            stall_timeout=300.0,
+            LoadOptions(
+                model=vllm_server.model,
+                request_timeout=300.0,
+                drain_timeout=300.0,
+                # the last of 16 waves waits ~15/16 of the run for its first byte (127 s on
+                # one slow host): a queued request is not a stalled one here
+                stall_timeout=300.0,
+            ),
         )
     )
     samples: list[tuple[float, float, float, float, float]] = []  # t, scrape s, run, wait, cap
