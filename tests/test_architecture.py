@@ -279,3 +279,51 @@ def test_the_named_arrows_are_absent(low: str, high: str) -> None:
     assert not [
         a for a in import_graph(ROOT) if unit_of(a.source) == low and unit_of(a.target) == high
     ]
+
+
+# -- the rooms: size and names (docs/architecture.md#5-modules) -------------------------------
+MAX_LINES = 400
+# base names two modules may share: the package files, and names fixed by a tool or that say
+# the same job on two layers
+SHARED_NAMES = {
+    "__init__.py": "a package's own module",
+    "__main__.py": "`python -m` of a package",
+    "env.py": "Alembic's fixed name for store/migrations/env.py",
+    "bench.py": "cli/bench.py is the `autotune bench` command of loadgen/bench.py",
+}
+
+
+def long_modules(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """``path: N lines`` for each module of ``autotune/`` over ``limit`` lines."""
+    out = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            out.append(f"{path.relative_to(root)}: {n} lines")
+    return out
+
+
+def shared_names(root: Path) -> dict[str, list[str]]:
+    """Module base names that more than one module of ``autotune/`` has, but the allowed."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(root)))
+    return {k: v for k, v in seen.items() if len(v) > 1 and k not in SHARED_NAMES}
+
+
+def test_the_size_and_name_checks_see_a_planted_tree(tmp_path: Path) -> None:
+    a, b = f"{PACKAGE}/a/metrics.py", f"{PACKAGE}/b/metrics.py"
+    files = {a: "x = 1\n" * (MAX_LINES + 1), b: "x = 1\n" * MAX_LINES}
+    root = _tree(tmp_path, {**files, f"{PACKAGE}/b/env.py": "", f"{PACKAGE}/c/env.py": ""})
+    assert long_modules(root) == [f"{a}: {MAX_LINES + 1} lines"]
+    assert shared_names(root) == {"metrics.py": [a, b]}
+
+
+def test_no_module_is_over_the_limit() -> None:
+    assert long_modules(ROOT) == []
+
+
+def test_no_two_modules_share_a_name_for_different_jobs() -> None:
+    assert shared_names(ROOT) == {}
+    for name in SHARED_NAMES:
+        assert len(list((ROOT / PACKAGE).rglob(name))) > 1, f"{name} is no longer shared"
