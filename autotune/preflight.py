@@ -36,7 +36,7 @@ from autotune.profiles.flags import (
 )
 from autotune.profiles.hardware import get_hardware
 from autotune.redact import is_secret_name, mask_text, url_has_password
-from autotune.tuning.plan import model_of
+from autotune.tuning.search.plan import model_of
 
 __all__ = [
     "Problem",

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 import autotune.sim.replay as replay
-import autotune.tuning.create as create
-import autotune.tuning.lane_loop as lane_loop
+import autotune.tuning.run.create as create
+import autotune.tuning.run.lane_loop as lane_loop
 from autotune.config import StudyConfig
 from autotune.loadgen.stop_rule import needed
 from autotune.sim.result import SimResult

@@ -29,8 +29,8 @@ import yaml
 
 from autotune.config import parse_config
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
 
 
 def study(tmp: Path, name: str, time_scale: float) -> str:

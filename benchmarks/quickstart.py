@@ -35,9 +35,9 @@ from autotune.config import StudyConfig, parse_config
 from autotune.report.recommend import recommend
 from autotune.report.study_export import export_json
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.measure import GROUND_TRUTH, measure_config
+from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 

@@ -42,11 +42,11 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.report.recommend import Recommendation, format_interval, recommend
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.interval import paired_interval
-from autotune.tuning.runners import make_runner
-from autotune.tuning.validate import RunResult, measure_run
+from autotune.tuning.measure.interval import paired_interval
+from autotune.tuning.measure.runners import make_runner
+from autotune.tuning.measure.validate import RunResult, measure_run
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
 from autotune.workload.build import workload_sample
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "rag-chat.yaml"

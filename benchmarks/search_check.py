@@ -30,8 +30,8 @@ from truth import SCENARIOS, TruthCache, pct
 from tuning_quality import _quiet, scenario_study, strategy_config
 
 from autotune.report.recommend import recommend
-from autotune.tuning.interval import summary_of
-from autotune.tuning.measure import GROUND_TRUTH, measure_config
+from autotune.tuning.measure.interval import summary_of
+from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config
 
 
 def one(task: tuple[str, int, bool, str, int, dict[str, Any]]) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """Scenarios and ground truth for ``benchmarks/tuning_quality.py``.
 
 Ground truth per scenario is the best config a thorough search finds under the ground-truth
-protocol (``autotune.tuning.measure.GROUND_TRUTH``: jitter off, 0.5 % capacity resolution, no
-hint): a 8 x 16 log grid of ``max_num_seqs`` x ``max_num_batched_tokens`` (the mnbt grid steps
-by 1.41x, fine enough for optima between 300 and 1,500 tokens), the memory parameters at the
-grid's best, then a pattern search refining every parameter down to 2^(1/16) in mnbt. The
-search measures with the best capacity so far as a hint (a speed-up); the best eight configs
-are measured again without one, and the best of those is the ground truth.
+protocol (``autotune.tuning.measure.protocol.GROUND_TRUTH``: jitter off, 0.5 % capacity
+resolution, no hint): a 8 x 16 log grid of ``max_num_seqs`` x ``max_num_batched_tokens`` (the
+mnbt grid steps by 1.41x, fine enough for optima between 300 and 1,500 tokens), the memory
+parameters at the grid's best, then a pattern search refining every parameter down to 2^(1/16)
+in mnbt. The search measures with the best capacity so far as a hint (a speed-up); the best
+eight configs are measured again without one, and the best of those is the ground truth.
 
 It is cached in ``benchmarks/data/tuning_quality_truth.json`` under the engine's fingerprint
 (``autotune.sim.version``); a different fingerprint or scenario config recomputes it.
@@ -30,9 +30,9 @@ import yaml
 from autotune.config import StudyConfig, parse_config
 from autotune.sim.version import ENGINE_MODEL_VERSION, engine_fingerprint
 from autotune.store import Store
-from autotune.tuning.create import create_study
-from autotune.tuning.measure import GROUND_TRUTH, Measurement, measure_config
-from autotune.tuning.space import SpaceBounds, mnbt_range
+from autotune.tuning.measure.protocol import GROUND_TRUTH, Measurement, measure_config
+from autotune.tuning.run.create import create_study
+from autotune.tuning.search.space import SpaceBounds, mnbt_range
 from autotune.tuning.study_attrs import read_header
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload

@@ -55,10 +55,10 @@ from validation_check import search_only, search_only_figures, validation_figure
 from autotune.config import StudyConfig
 from autotune.report.recommend import recommend
 from autotune.store import RepeatRecord, Store, TrialRecord
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.measure import GROUND_TRUTH, measure_config
-from autotune.tuning.outcome import replay_seconds
+from autotune.tuning.measure.outcome import replay_seconds
+from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
 
 STRATEGIES = ("staged", "joint", "random", "grid")
 BUDGETS = (10, 20, 40)

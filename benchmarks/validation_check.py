@@ -22,8 +22,8 @@ from truth import args_key, pct, scenario_config
 
 from autotune.profiles.models import get_model
 from autotune.report.recommend import recommend
-from autotune.tuning.interval import summary_of
-from autotune.tuning.measure import GROUND_TRUTH, measure_config, study_protocol
+from autotune.tuning.measure.interval import summary_of
+from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config, study_protocol
 from autotune.workload.build import workload_sample
 
 __all__ = [

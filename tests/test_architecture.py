@@ -182,10 +182,11 @@ def test_the_planted_tree_without_a_plant_passes(tmp_path: Path) -> None:
 
 
 def test_a_report_import_in_tuning_fails(tmp_path: Path) -> None:
-    found = _check(tmp_path, {"autotune/tuning/controller.py": "import autotune.report\n"})
+    found = _check(tmp_path, {"autotune/tuning/run/controller.py": "import autotune.report\n"})
     assert found == [
-        "autotune/tuning/controller.py:1: autotune.tuning.controller imports autotune.report: "
-        "tuning (layer 8) may import only from layers below it, not report (layer 10)"
+        "autotune/tuning/run/controller.py:1: autotune.tuning.run.controller imports "
+        "autotune.report: tuning (layer 8) may import only from layers below it, "
+        "not report (layer 10)"
     ]
 
 

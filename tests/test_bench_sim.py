@@ -117,7 +117,7 @@ async def test_cut_outputs_count_as_too_long_like_on_real_vllm() -> None:
     from autotune.loadgen.level import LevelMetrics
     from autotune.loadgen.load_options import LoadOptions
     from autotune.loadgen.runner import run_load
-    from autotune.tuning.scoring import Slo, score_level
+    from autotune.tuning.measure.scoring import Slo, score_level
     from autotune.workload.core import WorkloadRequest
 
     m, hw = get_model(MODEL), get_hardware("H100-80GB")

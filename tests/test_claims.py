@@ -25,13 +25,13 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.store import Store, TrialRecord
 from autotune.store.rows import ControllerRow
-from autotune.tuning.claims import Done, Wait, decide, stage_order
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.events import Event, LevelStart
-from autotune.tuning.recovery import claim_key
-from autotune.tuning.space import SpaceBounds, suggest
-from autotune.tuning.stopping import Interrupted, stop_on_signals
+from autotune.tuning.run.claims import Done, Wait, decide, stage_order
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.events import Event, LevelStart
+from autotune.tuning.run.recovery import claim_key
+from autotune.tuning.run.stopping import Interrupted, stop_on_signals
+from autotune.tuning.search.space import SpaceBounds, suggest
 from autotune.tuning.study_attrs import read_header
 
 

@@ -32,13 +32,13 @@ from autotune.loadgen.level import LevelMetrics
 from autotune.profiles.hardware import get_hardware
 from autotune.report.recommend import recommend
 from autotune.store import Store, TrialRecord
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.plan import build_bounds, model_of
-from autotune.tuning.runners import HttpRunner, VirtualRunner, make_runner
-from autotune.tuning.scoring import Slo, score_level
-from autotune.tuning.space import PARAM_ORDER, mnbt_engine_value, mnbt_range
-from autotune.tuning.stages import stage_plan
+from autotune.tuning.measure.runners import HttpRunner, VirtualRunner, make_runner
+from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.tuning.search.plan import build_bounds, model_of
+from autotune.tuning.search.space import PARAM_ORDER, mnbt_engine_value, mnbt_range
+from autotune.tuning.search.stages import stage_plan
 from autotune.tuning.study_attrs import read_header
 from autotune.workers.env import worker_environment
 from autotune.workers.vllm import WorkerInfo

@@ -1,6 +1,6 @@
 """What ``study create`` states about its workload before anything runs: the rows of a trace
 it left out (how many, why) and a baseline ``max_model_len`` that a handful of requests set
-(autotune/workload/traces.py, autotune/tuning/plan.py; docs/tuning.md#8-the-staged-plan)."""
+(autotune/workload/traces.py, autotune/tuning/search/plan.py; docs/tuning.md#8-the-staged-plan)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.tuning.plan import longest_candidate_warning
+from autotune.tuning.search.plan import longest_candidate_warning
 
 
 def test_longest_candidate_warning_needs_few_requests_and_a_far_candidate() -> None:

@@ -28,14 +28,14 @@ from autotune.profiles.models import get_model
 from autotune.sim import SimWatch, records_from_sim, sim_engine_args, sim_requests
 from autotune.sim.engine import Engine
 from autotune.sim.virtual_loop import simulate
-from autotune.tuning.early_stop import rule_of
-from autotune.tuning.outcome import level_record, replay_seconds
-from autotune.tuning.runners import (
+from autotune.tuning.measure.early_stop import rule_of
+from autotune.tuning.measure.outcome import level_record, replay_seconds
+from autotune.tuning.measure.runners import (
     HttpRunner,
     VirtualRunner,
     make_runner,
 )
-from autotune.tuning.scoring import Slo, score_level
+from autotune.tuning.measure.scoring import Slo, score_level
 from autotune.workload.build import build_workload, scale_rate
 
 MODEL, HW = get_model("meta-llama/Llama-3.1-8B-Instruct"), get_hardware("A100-80GB")

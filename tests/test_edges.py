@@ -1,5 +1,5 @@
 """Widening an edge of the search space that the best config sits on, once
-(autotune/tuning/edges.py; docs/tuning.md#8-the-staged-plan). Pure logic on tiny inputs, then
+(autotune/tuning/search/edges.py; docs/tuning.md#8-the-staged-plan). Pure logic on tiny inputs, then
 the claim-time glue on an in-memory study: stored, applied on resume, never twice."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import create_trial
 
 from autotune.config import SearchConfig, StrategyConfig
-from autotune.tuning.edges import (
+from autotune.tuning.search.edges import (
     WIDENED_ATTR,
     apply_widenings,
     stored_widenings,
     widen_at_claim,
     widenings,
 )
-from autotune.tuning.space import SpaceBounds, suggest
-from autotune.tuning.strategy import sampler_for
+from autotune.tuning.search.space import SpaceBounds, suggest
+from autotune.tuning.search.strategy import sampler_for
 
 B = SpaceBounds(max_model_len_candidates=(4096,), mns_low=8, mns_high=128)
 INSIDE = {"max_model_len": 4096, "max_num_seqs": 48, "max_num_batched_tokens": 1024}

@@ -37,9 +37,9 @@ from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.report.recommend import recommend
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.strategy import planned_total, stage_params
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.tuning.search.strategy import planned_total, stage_params
 from autotune.tuning.study_attrs import read_header
 from autotune.workers.procstat import is_alive
 

@@ -20,8 +20,8 @@ import yaml
 from autotune.config import parse_config
 from autotune.sim import version
 from autotune.sim.version import engine_constants, engine_fingerprint
-from autotune.tuning.capacity import Lattice
-from autotune.tuning.measure import GROUND_TRUTH, measure_config
+from autotune.tuning.measure.capacity import Lattice
+from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config
 
 CACHE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "tuning_quality_truth.json"
 REFRESH = "python benchmarks/tuning_quality.py --refresh-truth"

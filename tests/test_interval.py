@@ -1,4 +1,4 @@
-"""The validation phase's pure part (autotune/tuning/interval.py): Student-t quantiles, the
+"""The validation phase's pure part (autotune/tuning/measure/interval.py): Student-t quantiles, the
 paired interval and its variance floor, its coverage, the per-mode figures, the worst SLO
 margin, and the verdict (best lower bound, "keep", SLOs in every repeat, pooled over-length)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autotune.loadgen.level import LevelMetrics
-from autotune.tuning.interval import (
+from autotune.tuning.measure.interval import (
     Run,
     ValidationSummary,
     figure_of,
@@ -19,7 +19,7 @@ from autotune.tuning.interval import (
     t_quantile,
     t_two_sided,
 )
-from autotune.tuning.scoring import Slo, worst_slo_margin
+from autotune.tuning.measure.scoring import Slo, worst_slo_margin
 
 
 @pytest.mark.parametrize(

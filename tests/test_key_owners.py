@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # a stored level's metrics: the keys autotune adds to the bench summary, and their owners
-_OUTCOME = "autotune/tuning/outcome.py"
+_OUTCOME = "autotune/tuning/measure/outcome.py"
 _STOP = "autotune/loadgen/stopped.py"
 LEVEL_KEYS: dict[str, tuple[str, ...]] = {
     "early_stop": (_STOP,),

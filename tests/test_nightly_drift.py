@@ -13,7 +13,7 @@ from autotune.errors import ConfigError
 from autotune.nightly.drift import TrafficProfile, detect_drift, traffic_profile
 from autotune.nightly.job_config import DriftConfig, load_nightly_config
 from autotune.nightly.warmstart import project, widen_for
-from autotune.tuning.space import SpaceBounds
+from autotune.tuning.search.space import SpaceBounds
 
 TH = DriftConfig()
 

@@ -29,10 +29,10 @@ from autotune import cli
 from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.store import Store, TrialRecord
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.events import Event, RunStart
-from autotune.tuning.lanes import LanePlan, parse_devices, plan_lanes, world_size
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.events import Event, RunStart
+from autotune.tuning.run.lanes import LanePlan, parse_devices, plan_lanes, world_size
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # three enqueued configs and the baseline: four trials the lanes can claim at once

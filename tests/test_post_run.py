@@ -22,8 +22,8 @@ from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.level import LevelMetrics
 from autotune.report import dashboard, plots
 from autotune.store import Store
-from autotune.tuning import runners
-from autotune.tuning.runners import LevelOutcome, VirtualRunner
+from autotune.tuning.measure import runners
+from autotune.tuning.measure.runners import LevelOutcome, VirtualRunner
 from autotune.workload.core import Workload
 
 NAME = "t"

@@ -30,9 +30,9 @@ from autotune.profiles.flags import flag_key, flag_table
 from autotune.report.dashboard import CONSTRAINTS_KEY, constraint_order
 from autotune.report.plots import PLOT_IDS
 from autotune.store import Store, TrialRecord
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.scoring import CONSTRAINT_NAMES
+from autotune.tuning.measure.scoring import CONSTRAINT_NAMES
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
 
 NAME = "t"
 

@@ -14,8 +14,8 @@ from autotune.report.tables import short_stage
 from autotune.store import TrialRecord
 from autotune.telemetry.stats import SERIES_BINS, downsample
 from autotune.tuning.attrs import engine_attrs, enqueue_attrs, enqueued_engine_args
-from autotune.tuning.interval import CandidateSummary, Interval, ValidationSummary
-from autotune.tuning.rounding import TidySteps
+from autotune.tuning.measure.interval import CandidateSummary, Interval, ValidationSummary
+from autotune.tuning.search.rounding import TidySteps
 
 
 def _quiet_study() -> optuna.Study:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from support.studies import config
 
-from autotune.tuning.interval import paired_interval
-from autotune.tuning.validate import repeat_seeds
+from autotune.tuning.measure.interval import paired_interval
+from autotune.tuning.measure.validate import repeat_seeds
 from autotune.workload.build import workload_sample
 from autotune.workload.core import Workload, WorkloadRequest
 from autotune.workload.rare_trace import rare_request_trace

@@ -22,15 +22,20 @@ from support.studies import config
 from autotune.config import StrategyConfig
 from autotune.errors import ConfigError
 from autotune.store import Store
-from autotune.tuning.controller import run_study, sampler_seed
-from autotune.tuning.create import create_study
-from autotune.tuning.linesearch import next_on_line
-from autotune.tuning.plan import overlength_rate, screen_max_model_len
-from autotune.tuning.scoring import Slo, binding_slo, trial_rank
-from autotune.tuning.space import PARAM_ORDER, SpaceBounds, suggest
-from autotune.tuning.stages import KV_NOT_BOTTLENECK, memory_evidence, stage_param, stage_plan
-from autotune.tuning.status import study_plan
-from autotune.tuning.strategy import POLISH, sampler_for
+from autotune.tuning.measure.scoring import Slo, binding_slo, trial_rank
+from autotune.tuning.run.controller import run_study, sampler_seed
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.status import study_plan
+from autotune.tuning.search.linesearch import next_on_line
+from autotune.tuning.search.plan import overlength_rate, screen_max_model_len
+from autotune.tuning.search.space import PARAM_ORDER, SpaceBounds, suggest
+from autotune.tuning.search.stages import (
+    KV_NOT_BOTTLENECK,
+    memory_evidence,
+    stage_param,
+    stage_plan,
+)
+from autotune.tuning.search.strategy import POLISH, sampler_for
 
 # -- over-length screening --------------------------------------------------------------------
 
@@ -211,8 +216,8 @@ def test_fixed_rate_ranks_by_the_worst_slo_margin_then_throughput() -> None:
 
 def test_fixed_rate_study_recommends_the_widest_margin(tmp_path: Path) -> None:
     from autotune.report.recommend import recommend
-    from autotune.tuning.create import load_study_config
-    from autotune.tuning.scoring import record_rank
+    from autotune.tuning.measure.scoring import record_rank
+    from autotune.tuning.run.create import load_study_config
 
     cfg, text = config(mode="fixed-rate", strategy={"name": "random", "n_trials": 5})
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:

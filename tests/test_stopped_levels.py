@@ -25,10 +25,10 @@ from autotune.report.notes import trial_note
 from autotune.report.study_export import export_csv, export_json
 from autotune.report.tables import show_rows, show_table
 from autotune.store import LevelRecord, StudyRecord, TrialRecord
-from autotune.tuning.findings import why_infeasible
-from autotune.tuning.runners import LevelOutcome
-from autotune.tuning.scoring import Slo, score_level
-from autotune.tuning.trial import level_record
+from autotune.tuning.measure.findings import why_infeasible
+from autotune.tuning.measure.runners import LevelOutcome
+from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.measure.trial import level_record
 
 SLO_MS = 3000.0
 

@@ -21,17 +21,17 @@ from autotune.errors import ConfigError, StorageError
 from autotune.report.dashboard import constraint_order
 from autotune.store import Store, TrialRecord
 from autotune.telemetry import KINDS
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
-from autotune.tuning.events import Event, LevelProgress, LevelStart
-from autotune.tuning.scoring import CONSTRAINT_NAMES
-from autotune.tuning.space import PARAM_ORDER, suggest
-from autotune.tuning.stages import Stage, stage_plan
+from autotune.tuning.measure.scoring import CONSTRAINT_NAMES
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.events import Event, LevelProgress, LevelStart
+from autotune.tuning.search.space import PARAM_ORDER, suggest
+from autotune.tuning.search.stages import Stage, stage_plan
 from autotune.tuning.study_attrs import read_header
 
 
 def planned_stages(store: Store, cfg: Any) -> list[Stage]:
-    """The staged plan the study's stored trials give (tuning/stages.py)."""
+    """The staged plan the study's stored trials give (tuning/search/stages.py)."""
     study = optuna.load_study(study_name=cfg.name, storage=store.optuna_storage())
     bounds = read_header(study).bounds
     return stage_plan(study.get_trials(), cfg.strategy, bounds)

@@ -18,8 +18,8 @@ from autotune.config import parse_config
 from autotune.errors import ConfigError
 from autotune.sim.tokenizer import SyntheticTokenizer
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
 from autotune.workload.text import approx_token_count, local_token_counter
 
 LLAMA_CONFIG = {

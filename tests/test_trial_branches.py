@@ -1,4 +1,4 @@
-"""``run_trial`` (autotune/tuning/trial.py) down every branch, driven by a scripted runner
+"""``run_trial`` (autotune/tuning/measure/trial.py) down every branch, driven by a scripted runner
 (tests/support/runners.py): a clean capacity search, a start-up failure, a death under load
 (the configuration's, and one from outside that a first attempt retries), an interrupt in
 the middle of a level, and the over-length stop of the capacity search. What is checked is
@@ -21,7 +21,7 @@ from autotune.errors import WorkerStartupError
 from autotune.failures import FailureClass, FailureMatch
 from autotune.loadgen.level import LevelMetrics
 from autotune.store import Store
-from autotune.tuning.trial import TrialOutcome, TrialSetup, run_trial
+from autotune.tuning.measure.trial import TrialOutcome, TrialSetup, run_trial
 from autotune.workload.build import build_workload
 
 ENGINE_ARGS = {"max_num_seqs": 64, "max_model_len": 4096}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from autotune.tuning.space import SpaceBounds
+from autotune.tuning.search.space import SpaceBounds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from truth import _Search

@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autotune.loadgen.level import LevelMetrics
-from autotune.tuning.scoring import (
+from autotune.tuning.measure.scoring import (
     LevelScore,
     Slo,
     failed_trial_score,
     score_level,
     score_trial,
 )
-from autotune.tuning.space import (
+from autotune.tuning.search.space import (
     MNBT_PARAM,
     PARAM_ORDER,
     SpaceBounds,

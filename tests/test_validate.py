@@ -1,4 +1,4 @@
-"""The validation phase (autotune/tuning/validate.py) with a scripted runner whose noise is
+"""The validation phase (autotune/tuning/measure/validate.py) with a scripted runner whose noise is
 known: it picks the best lower bound, says "keep" when nothing is better, interleaves its
 runs on fresh workload samples, counts against the run's time limit and resumes; then a small
 study on the in-process simulator through the controller and the CLI."""
@@ -22,10 +22,11 @@ from autotune.cli import app
 from autotune.report.best_output import format_recommendation
 from autotune.report.recommend import recommend
 from autotune.store import Store, StudyRecord, TrialRecord
-from autotune.tuning import context, controller, create, lanes, validate
-from autotune.tuning.interval import summary_of
-from autotune.tuning.runners import LevelOutcome, StartInfo
-from autotune.tuning.validate import VALIDATION_ATTR, run_validation
+from autotune.tuning.measure import validate
+from autotune.tuning.measure.interval import summary_of
+from autotune.tuning.measure.runners import LevelOutcome, StartInfo
+from autotune.tuning.measure.validate import VALIDATION_ATTR, run_validation
+from autotune.tuning.run import context, controller, create, lanes
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 

@@ -1,4 +1,4 @@
-"""One bar for the baseline and the candidates (autotune/tuning/verdict.py,
+"""One bar for the baseline and the candidates (autotune/tuning/measure/verdict.py,
 docs/tuning.md#7-validation): a config's run in the study counts as one of its runs, so a
 baseline that broke its SLOs in the search is never kept on the strength of resamples; when
 no config held in every run the verdict is "undecided" and `study best` recommends no
@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.nightly.decide import decide
 from autotune.store import LevelRecord, Store, StudyRecord, TrialRecord
-from autotune.tuning.interval import Run, ValidationSummary, summarize
-from autotune.tuning.validate import repeat_seeds, run_validation
-from autotune.tuning.verdict import held_in_study
+from autotune.tuning.measure.interval import Run, ValidationSummary, summarize
+from autotune.tuning.measure.validate import repeat_seeds, run_validation
+from autotune.tuning.measure.verdict import held_in_study
 
 CAP = ("slo-capacity", 0.95, 1.0)  # mode, confidence, sd floor (percent)
 

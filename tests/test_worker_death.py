@@ -27,11 +27,11 @@ from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
 from autotune.sim.routes import SimServer
 from autotune.store import Store
-from autotune.tuning.create import create_study
-from autotune.tuning.events import Event, LevelProgress, WorkerDied
-from autotune.tuning.plan import baseline_engine_args
-from autotune.tuning.runners import HttpRunner, make_runner
-from autotune.tuning.trial import TrialSetup, run_trial
+from autotune.tuning.measure.runners import HttpRunner, make_runner
+from autotune.tuning.measure.trial import TrialSetup, run_trial
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.events import Event, LevelProgress, WorkerDied
+from autotune.tuning.search.plan import baseline_engine_args
 from autotune.workers.watch import DeathWatch, snapshot_group
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload, WorkloadRequest

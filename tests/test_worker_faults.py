@@ -17,7 +17,7 @@ import pytest
 from support.processes import free_port
 
 from autotune.failures import FailureClass, FailureMatch
-from autotune.tuning.events import Event, LevelProgress, WorkerDied
+from autotune.tuning.run.events import Event, LevelProgress, WorkerDied
 from autotune.workers.cause import death_class
 from autotune.workers.stall import StallWatch, proc_state
 from autotune.workers.supervisor import WorkerLaunchError
@@ -245,8 +245,8 @@ def test_a_study_retries_a_trial_whose_worker_was_killed_and_takes_the_retrys_ve
     from support.studies import config
 
     from autotune.store import Store
-    from autotune.tuning.controller import run_study
-    from autotune.tuning.create import create_study
+    from autotune.tuning.run.controller import run_study
+    from autotune.tuning.run.create import create_study
 
     cfg, text = config(
         mode="fixed-rate",

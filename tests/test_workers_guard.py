@@ -16,8 +16,8 @@ import pytest
 from support.studies import config
 
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
 from autotune.workers.guard import (
     boot_id,
     guarded_argv,

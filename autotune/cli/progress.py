@@ -8,7 +8,8 @@ from rich.markup import escape
 
 from autotune.cli._app import console
 from autotune.report.levels import progress_figures, progress_note
-from autotune.tuning.events import (
+from autotune.tuning.measure.findings import capacity_rps, why_infeasible
+from autotune.tuning.run.events import (
     Event,
     LevelDone,
     LevelProgress,
@@ -23,7 +24,6 @@ from autotune.tuning.events import (
     WorkerDied,
     WorkerFailed,
 )
-from autotune.tuning.findings import capacity_rps, why_infeasible
 
 __all__ = ["progress_printer"]
 

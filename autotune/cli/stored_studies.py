@@ -22,9 +22,9 @@ from autotune.report.recommend import no_feasible_reason, recommend
 from autotune.report.study_export import export_csv, export_json
 from autotune.report.tables import list_json, list_table, show_json, show_rows, show_table
 from autotune.store import NoDatabaseError
-from autotune.tuning.create import load_study_config
-from autotune.tuning.interval import summary_of
-from autotune.tuning.status import study_plan, study_status
+from autotune.tuning.measure.interval import summary_of
+from autotune.tuning.run.create import load_study_config
+from autotune.tuning.run.status import study_plan, study_status
 
 __all__ = ["JsonOpt", "best", "delete", "export", "list_cmd", "show", "status"]
 

@@ -22,11 +22,11 @@ from autotune.report.best_output import format_recommendation
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import no_feasible_reason, recommend
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import create_study, load_study_config
-from autotune.tuning.lanes import parse_devices, plan_lanes
-from autotune.tuning.status import study_plan
-from autotune.tuning.stopping import Interrupted
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study, load_study_config
+from autotune.tuning.run.lanes import parse_devices, plan_lanes
+from autotune.tuning.run.status import study_plan
+from autotune.tuning.run.stopping import Interrupted
 
 __all__ = ["create", "run_cmd"]
 
@@ -57,7 +57,7 @@ GpusPerTrialOpt = Annotated[
 
 def _check_gpus(gpus: str | None, per_trial: int | None) -> None:
     """What the flags alone get wrong, as usage errors; what conflicts with the study's
-    config is found when the run loads it (autotune.tuning.lanes.plan_lanes)."""
+    config is found when the run loads it (autotune.tuning.run.lanes.plan_lanes)."""
     if gpus is None:
         if per_trial is not None:
             raise typer.BadParameter("applies only with --gpus", param_hint="'--gpus-per-trial'")

@@ -2,7 +2,7 @@
 
 The load generator's summary (``vllm bench serve``'s keys, :func:`.bench_stats.summarize`)
 and the in-process simulator both become a :class:`LevelMetrics`; scoring reads it, storage
-writes its fields as columns (:func:`autotune.tuning.outcome.level_record`). The rates are
+writes its fields as columns (:func:`autotune.tuning.measure.outcome.level_record`). The rates are
 defined here and nowhere else (docs/tuning.md#3-the-per-level-record):
 
 - ``error_rate``: requests that failed for any reason other than ``max_model_len``
@@ -134,7 +134,7 @@ class LevelMetrics:
     def to_dict(self) -> dict[str, Any]:
         """The full summary with the typed figures and both rates on top (what exports show;
         the store's ``metrics`` column adds the level's stored facts to it,
-        :func:`autotune.tuning.outcome.level_record`)."""
+        :func:`autotune.tuning.measure.outcome.level_record`)."""
         out = dict(self.summary)
         out.update(
             completed=self.completed,

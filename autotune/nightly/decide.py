@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotune.store import TrialRecord
-from autotune.tuning.interval import Interval, ValidationSummary, candidate_rank
-from autotune.tuning.verdict import held_text
+from autotune.tuning.measure.interval import Interval, ValidationSummary, candidate_rank
+from autotune.tuning.measure.verdict import held_text
 
 __all__ = ["EXIT_KEEP", "EXIT_NONE_FEASIBLE", "EXIT_PROMOTED", "Decision", "DecisionKind", "decide"]
 

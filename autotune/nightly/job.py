@@ -28,12 +28,12 @@ from autotune.nightly.refresh import Refresh, refresh
 from autotune.nightly.warmstart import create_warm_study, today_bounds
 from autotune.report import dashboard
 from autotune.store import Store
-from autotune.tuning.controller import run_study
-from autotune.tuning.create import load_study_config
-from autotune.tuning.events import OnEvent
-from autotune.tuning.interval import summary_of
-from autotune.tuning.plan import model_of
-from autotune.tuning.validate import candidates_of
+from autotune.tuning.measure.interval import summary_of
+from autotune.tuning.measure.validate import candidates_of
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import load_study_config
+from autotune.tuning.run.events import OnEvent
+from autotune.tuning.search.plan import model_of
 
 __all__ = ["NightlyResult", "current_config", "rollback", "run_nightly", "study_config_for"]
 

@@ -21,15 +21,15 @@ from autotune.config import StudyConfig
 from autotune.errors import StorageError
 from autotune.profiles.hardware import get_hardware
 from autotune.store import Store, StudyRecord
-from autotune.tuning.baseline_probe import baseline_capacity
-from autotune.tuning.create import store_study
-from autotune.tuning.plan import (
+from autotune.tuning.measure.baseline_probe import baseline_capacity
+from autotune.tuning.run.create import store_study
+from autotune.tuning.search.plan import (
     baseline_engine_args,
     build_bounds,
     estimate_peak_concurrency,
     model_of,
 )
-from autotune.tuning.space import SpaceBounds, mnbt_range
+from autotune.tuning.search.space import SpaceBounds, mnbt_range
 from autotune.tuning.study_attrs import StudyHeader
 from autotune.workload.build import study_workload
 

@@ -15,9 +15,9 @@ from autotune.report.recommend import (
     replicas_needed,
     top_level_figures,
 )
-from autotune.tuning.findings import capacity_rps
-from autotune.tuning.interval import ValidationSummary
-from autotune.tuning.verdict import Held, held_text
+from autotune.tuning.measure.findings import capacity_rps
+from autotune.tuning.measure.interval import ValidationSummary
+from autotune.tuning.measure.verdict import Held, held_text
 
 __all__ = ["BEST_SCHEMA", "best_json", "format_recommendation", "format_validation"]
 
@@ -59,7 +59,7 @@ def format_validation(rec: Recommendation) -> list[str]:
             )
     elif best is not None and best.interval is not None:
         lines.append(f"validated gain in {what}: {format_interval(best.interval)}")
-    # a broken over-length limit is named in the reason (autotune.tuning.verdict)
+    # a broken over-length limit is named in the reason (autotune.tuning.measure.verdict)
     return lines
 
 

@@ -27,10 +27,10 @@ from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 # the dashboard's name for the constraints' list, as tests and older callers import it
 from autotune.tuning.attrs import CONSTRAINTS_KEY as CONSTRAINTS_KEY
 from autotune.tuning.attrs import constraint_names, constraint_order, set_metric_name, trial_id
-from autotune.tuning.context import RunHooks
+from autotune.tuning.run.context import RunHooks
 
 if TYPE_CHECKING:
-    from autotune.tuning.trial import TrialOutcome
+    from autotune.tuning.measure.trial import TrialOutcome
 
 __all__ = [
     "DASHBOARD_PLOT_HEIGHT",

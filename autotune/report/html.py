@@ -21,7 +21,7 @@ from autotune.report.study_view import (
     details,
     stage_history,
 )
-from autotune.tuning.findings import capacity_rps, why_infeasible
+from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 
 __all__ = ["PLOT_CONFIG", "render_html"]
 

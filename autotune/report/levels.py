@@ -12,7 +12,7 @@ from typing import Any
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.stopped import Stopped, stopped_view
 from autotune.store import LevelRecord
-from autotune.tuning.findings import record_stopped, stop_note
+from autotune.tuning.measure.findings import record_stopped, stop_note
 
 __all__ = [
     "export_level",

@@ -18,7 +18,7 @@ from autotune.report.study_view import (
     stage_history,
 )
 from autotune.store import TrialRecord
-from autotune.tuning.findings import capacity_rps, why_infeasible
+from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 
 __all__ = ["markdown_report", "study_note", "trial_note"]
 

@@ -32,7 +32,7 @@ from autotune.report.study_view import (
     pareto_front,
 )
 from autotune.store import TrialRecord
-from autotune.tuning.findings import why_infeasible
+from autotune.tuning.measure.findings import why_infeasible
 
 __all__ = ["PLOT_IDS", "figures", "importance_figure", "throughput_latency_figure"]
 

@@ -18,9 +18,9 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.redact import mask_argv
 from autotune.store import RepeatRecord, TrialRecord
-from autotune.tuning.findings import record_stopped, why_infeasible
-from autotune.tuning.interval import Interval, ValidationSummary, summary_of
-from autotune.tuning.scoring import Slo, record_rank
+from autotune.tuning.measure.findings import record_stopped, why_infeasible
+from autotune.tuning.measure.interval import Interval, ValidationSummary, summary_of
+from autotune.tuning.measure.scoring import Slo, record_rank
 from autotune.workers.vllm_command import deploy_argv, format_command
 
 __all__ = [

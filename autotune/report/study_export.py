@@ -15,8 +15,8 @@ from autotune.redact import mask_argv, mask_command, mask_text
 from autotune.report.levels import export_level
 from autotune.report.recommend import replicas_needed, top_level_figures
 from autotune.store import RepeatRecord, StudyRecord, TrialRecord
-from autotune.tuning.findings import capacity_rps, why_infeasible
-from autotune.tuning.interval import ValidationSummary, summary_of
+from autotune.tuning.measure.findings import capacity_rps, why_infeasible
+from autotune.tuning.measure.interval import ValidationSummary, summary_of
 
 __all__ = ["EXPORT_SCHEMA", "export_csv", "export_json", "trial_rows", "validation_columns"]
 

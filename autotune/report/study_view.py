@@ -16,7 +16,7 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.report.recommend import Recommendation, gain_text, recommend
 from autotune.store import LevelRecord, RepeatRecord, StudyRecord, TrialRecord
-from autotune.tuning.findings import capacity_rps
+from autotune.tuning.measure.findings import capacity_rps
 
 __all__ = [
     "ENGINE_KEYS",

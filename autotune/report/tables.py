@@ -21,7 +21,7 @@ from rich.table import Table
 from autotune.report.levels import record_stopped, stop_row
 from autotune.report.study_view import ENGINE_KEYS
 from autotune.store import StudySummary, TrialRecord
-from autotune.tuning.findings import capacity_rps, why_infeasible
+from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 
 __all__ = [
     "LIST_SCHEMA",

@@ -35,7 +35,7 @@ from autotune.service.policy import PolicyError, ServerWorker, apply_policy
 from autotune.service.tuner_metrics import metrics_text
 from autotune.store import Store
 from autotune.store.db import ENV_VAR
-from autotune.tuning.create import create_study, load_study_config
+from autotune.tuning.run.create import create_study, load_study_config
 
 __all__ = ["MAX_BODY", "ROUTES", "Settings", "child_spawner", "make_app", "routes_of"]
 

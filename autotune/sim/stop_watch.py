@@ -2,7 +2,7 @@
 :func:`autotune.sim.virtual_loop.simulate` asks between steps, counting what the replay
 already knows (docs/tuning.md#10-early-stop-inside-a-level). It walks the engine's own
 state, so it lives beside the engine (docs/architecture.md); the rule comes from the study
-(:func:`autotune.tuning.early_stop.rule_of`).
+(:func:`autotune.tuning.measure.early_stop.rule_of`).
 
 The counts are incremental, so a step costs O(1) amortized: requests are walked in arrival
 order (the engine queues them so, open and closed loop alike), and a request is classified

@@ -19,7 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import StudyConfig
-from autotune.tuning.scoring import CONSTRAINT_NAMES
+from autotune.tuning.measure.scoring import CONSTRAINT_NAMES
 
 __all__ = [
     "CONSTRAINTS_KEY",

@@ -16,7 +16,7 @@ from optuna.storages import BaseStorage
 
 from autotune.errors import StorageError
 from autotune.tuning.attrs import enqueue_attrs
-from autotune.tuning.space import SpaceBounds, enqueue_params
+from autotune.tuning.search.space import SpaceBounds, enqueue_params
 
 __all__ = [
     "SCREENING_KEY",
@@ -37,8 +37,8 @@ BASELINE_KEY = "autotune.baseline"  # the baseline's engine args
 FINGERPRINT_KEY = "autotune.workload_fingerprint"
 SCREENING_KEY = "autotune.max_model_len_screening"  # Screening.to_dict()
 PROJECTION_KEY = "autotune.nightly_projection"  # the nightly's Projection dicts
-WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/edges.py)
-VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/validate.py)
+WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/search/edges.py)
+VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/measure/validate.py)
 
 
 def study_id(study: optuna.Study) -> int:

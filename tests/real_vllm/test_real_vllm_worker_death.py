@@ -27,10 +27,10 @@ from autotune.config import WorkloadConfig, parse_config
 from autotune.loadgen.bench import run_bench
 from autotune.profiles.models import get_model
 from autotune.store import Store
-from autotune.tuning.create import create_study
-from autotune.tuning.events import Event, LevelProgress
-from autotune.tuning.runners import HttpRunner
-from autotune.tuning.trial import TrialSetup, run_trial
+from autotune.tuning.measure.runners import HttpRunner
+from autotune.tuning.measure.trial import TrialSetup, run_trial
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.events import Event, LevelProgress
 from autotune.workload.build import study_workload
 
 from .support import (

@@ -1,11 +1,11 @@
-"""Fake ``Runner``s (the protocol in autotune/tuning/runners.py) for tests that drive
+"""Fake ``Runner``s (the protocol in autotune/tuning/measure/runners.py) for tests that drive
 ``run_trial`` and the controller without a worker.
 
 - :class:`ScriptedRunner`: every call follows a script, so a test can send ``run_trial``
-  (autotune/tuning/trial.py) down each of its branches: a start-up failure, a death under
+  (autotune/tuning/measure/trial.py) down each of its branches: a start-up failure, a death under
   load, an interrupt in the middle of a level, an over-length stop of the capacity search.
 - :class:`NoisyRunner`: each config has a true capacity and a known multiplicative noise,
-  for the validation phase (autotune/tuning/validate.py).
+  for the validation phase (autotune/tuning/measure/validate.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from autotune.failures import FailureClass, FailureMatch
 from autotune.loadgen.level import LevelMetrics
-from autotune.tuning.runners import LevelOutcome, StartInfo
+from autotune.tuning.measure.runners import LevelOutcome, StartInfo
 from autotune.workload.core import Workload
 
 __all__ = ["NoisyRunner", "ScriptedRunner", "feasible_up_to"]

@@ -18,11 +18,11 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
 from autotune.profiles.hardware import get_hardware
-from autotune.tuning.capacity import CapacityResult, Lattice
-from autotune.tuning.early_stop import rule_of
-from autotune.tuning.plan import model_of
-from autotune.tuning.runners import VirtualRunner, capacity_search
-from autotune.tuning.scoring import Slo, score_level
+from autotune.tuning.measure.capacity import CapacityResult, Lattice
+from autotune.tuning.measure.early_stop import rule_of
+from autotune.tuning.measure.runners import VirtualRunner, capacity_search
+from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.search.plan import model_of
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 

@@ -32,12 +32,12 @@ from autotune.config import SearchConfig, StrategyConfig
 from autotune.store import Store
 from autotune.store.resilience import secondary_failure
 from autotune.tuning import attrs
-from autotune.tuning.edges import widen_at_claim
-from autotune.tuning.recovery import Recovery, claim_key
-from autotune.tuning.rounding import tidy_steps
-from autotune.tuning.space import SpaceBounds, suggest
-from autotune.tuning.stages import stage_param
-from autotune.tuning.strategy import next_stage, sampler_for, stage_params
+from autotune.tuning.run.recovery import Recovery, claim_key
+from autotune.tuning.search.edges import widen_at_claim
+from autotune.tuning.search.rounding import tidy_steps
+from autotune.tuning.search.space import SpaceBounds, suggest
+from autotune.tuning.search.stages import stage_param
+from autotune.tuning.search.strategy import next_stage, sampler_for, stage_params
 
 __all__ = ["Claimed", "Claims", "Done", "Wait", "decide", "stage_order"]
 
@@ -145,7 +145,7 @@ class Claims:
         self.strategy, self.bounds = strategy, bounds
         self.recovery, self.seed_for = recovery, seed_for
         self.on_claim = on_claim  # the trial id, to heartbeat from now on
-        self.search = search  # the edges the user set are never widened (tuning/edges.py)
+        self.search = search  # the edges the user set are never widened (tuning/search/edges.py)
 
     def recover(self, *, full: bool = False) -> list[str]:
         """A recovery pass on its own (a controller's start: ``full``)."""

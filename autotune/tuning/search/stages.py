@@ -41,7 +41,7 @@ from autotune.tuning.attrs import (
     label_of,
     stage_of,
 )
-from autotune.tuning.space import MNBT_PARAM, SpaceBounds
+from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds
 from autotune.tuning.study_attrs import SCREENING_KEY as SCREENING_ATTR  # the study attribute
 
 __all__ = [

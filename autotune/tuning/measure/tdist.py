@@ -1,5 +1,5 @@
 """Student's t distribution: the two-sided probability and its quantile (pure), for the
-validation intervals of :mod:`autotune.tuning.interval` (docs/tuning.md#7-validation)."""
+validation intervals of :mod:`autotune.tuning.measure.interval` (docs/tuning.md#7-validation)."""
 
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ from optuna.trial import FrozenTrial
 
 from autotune.config import SearchConfig
 from autotune.tuning.attrs import engine_value
-from autotune.tuning.space import MNBT_PARAM, SpaceBounds
-from autotune.tuning.stages import CONCURRENCY, stage_param
-from autotune.tuning.strategy import best_trial
+from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds
+from autotune.tuning.search.stages import CONCURRENCY, stage_param
+from autotune.tuning.search.strategy import best_trial
 from autotune.tuning.study_attrs import WIDENED_KEY as WIDENED_ATTR  # the study attribute
 from autotune.tuning.study_attrs import read_widenings, write_widenings
 

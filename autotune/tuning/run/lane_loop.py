@@ -14,15 +14,15 @@ from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
 from autotune.tuning import attrs, study_attrs
-from autotune.tuning.claims import Claimed, Done
-from autotune.tuning.context import RunContext, RunReport
-from autotune.tuning.events import RunStart, TrialAbandoned, on_lane
-from autotune.tuning.findings import trial_summary
-from autotune.tuning.lanes import RunBudget, run_lanes
-from autotune.tuning.scoring import Slo, record_rank
-from autotune.tuning.strategy import planned_total
-from autotune.tuning.trial import TrialOutcome, TrialSetup, run_trial
-from autotune.tuning.validate import ValidationOutcome, run_validation
+from autotune.tuning.measure.findings import trial_summary
+from autotune.tuning.measure.scoring import Slo, record_rank
+from autotune.tuning.measure.trial import TrialOutcome, TrialSetup, run_trial
+from autotune.tuning.measure.validate import ValidationOutcome, run_validation
+from autotune.tuning.run.claims import Claimed, Done
+from autotune.tuning.run.context import RunContext, RunReport
+from autotune.tuning.run.events import RunStart, TrialAbandoned, on_lane
+from autotune.tuning.run.lanes import RunBudget, run_lanes
+from autotune.tuning.search.strategy import planned_total
 
 __all__ = ["optuna_value", "run_trials"]
 

@@ -15,8 +15,8 @@ from autotune.errors import ConfigError, StorageError
 from autotune.profiles.hardware import get_hardware
 from autotune.store import Store, StudyRecord
 from autotune.tuning import study_attrs
-from autotune.tuning.baseline_probe import baseline_capacity
-from autotune.tuning.plan import (
+from autotune.tuning.measure.baseline_probe import baseline_capacity
+from autotune.tuning.search.plan import (
     baseline_engine_args,
     build_bounds,
     estimate_peak_concurrency,
@@ -24,7 +24,7 @@ from autotune.tuning.plan import (
     model_of,
     screen_max_model_len,
 )
-from autotune.tuning.space import PARAM_ORDER, SpaceBounds
+from autotune.tuning.search.space import PARAM_ORDER, SpaceBounds
 from autotune.workload.build import study_workload
 from autotune.workload.traces import dropped_text
 

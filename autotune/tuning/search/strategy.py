@@ -5,7 +5,7 @@ docs/method.md#4-one-variable-at-a-time-in-a-fixed-order): the baseline (and any
 configs) first, then one stage per parameter in the fixed order, each tuning only that
 parameter with every other one fixed at the ENGINE values of the best feasible point found so
 far (Optuna's ``PartialFixedSampler``), with budgets the baseline's diagnosis decides
-(:mod:`autotune.tuning.stages`), then an optional short joint refinement.
+(:mod:`autotune.tuning.search.stages`), then an optional short joint refinement.
 ``joint``: one constrained multivariate TPE over all parameters, still suggested in order.
 ``random``: independent uniform draws over the same space (a reference point for the others).
 ``grid``: in the style of vLLM's ``benchmarks/auto_tune/auto_tune.sh``: ``max_model_len`` and
@@ -26,9 +26,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StrategyConfig
 from autotune.tuning.attrs import engine_value, stage_of
-from autotune.tuning.linesearch import next_on_line
-from autotune.tuning.space import MNBT_PARAM, SpaceBounds, mnbt_range
-from autotune.tuning.stages import (
+from autotune.tuning.search.linesearch import next_on_line
+from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds, mnbt_range
+from autotune.tuning.search.stages import (
     CONCURRENCY,
     at_top,
     baseline_trial,
@@ -260,7 +260,7 @@ def _line_value(
     fixed: dict[str, Any],
     k: int = 1,
 ) -> float | None:
-    """A numeric stage's next value by line search (:mod:`autotune.tuning.linesearch`) over
+    """A numeric stage's next value by line search (:mod:`autotune.tuning.search.linesearch`) over
     the trials that lie on the stage's line: every other parameter at the fixed values. Pass
     ``k`` >= 2 (a coordinate pass, docs/tuning.md#8-the-staged-plan) searches the best
     point's value divided or multiplied by up to :data:`POLISH`."""

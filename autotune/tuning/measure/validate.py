@@ -1,7 +1,7 @@
 """The validation phase (docs/tuning.md#7-validation): after the search, re-measure the top
 configs and the baseline on fresh workload samples with fresh jitter, store every run in
 ``autotune_repeats`` (never as Optuna trials, so trial counts and the dashboard stay the
-search's), and publish the summary that :mod:`autotune.tuning.interval` computes.
+search's), and publish the summary that :mod:`autotune.tuning.measure.interval` computes.
 
 Every run is one unit of work: a stored row (PENDING, RUNNING, COMPLETE) that starts a worker,
 measures one config on one repeat's workload sample with the trials' own protocol (the
@@ -27,17 +27,17 @@ import numpy as np
 from autotune.config import StudyConfig
 from autotune.errors import StorageError, WorkerStartupError
 from autotune.store import RepeatRecord, Store, TrialRecord
-from autotune.tuning.capacity import Lattice
-from autotune.tuning.events import (
+from autotune.tuning.measure.capacity import Lattice
+from autotune.tuning.measure.interval import ValidationSummary, summary_of
+from autotune.tuning.measure.runners import HttpRunner, LevelOutcome, Runner, capacity_search
+from autotune.tuning.measure.scoring import Slo, record_rank, score_level, worst_slo_margin
+from autotune.tuning.run.events import (
     OnEvent,
     ValidationDone,
     ValidationRunDone,
     ValidationRunStart,
     ValidationStart,
 )
-from autotune.tuning.interval import ValidationSummary, summary_of
-from autotune.tuning.runners import HttpRunner, LevelOutcome, Runner, capacity_search
-from autotune.tuning.scoring import Slo, record_rank, score_level, worst_slo_margin
 from autotune.tuning.study_attrs import VALIDATION_KEY as VALIDATION_ATTR  # the study attribute
 from autotune.workload.build import sample_description, workload_sample
 from autotune.workload.core import Workload

@@ -19,8 +19,19 @@ from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureClass
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
-from autotune.tuning.capacity import CapacitySearch, Lattice
-from autotune.tuning.events import (
+from autotune.tuning.measure.capacity import CapacitySearch, Lattice
+from autotune.tuning.measure.outcome import level_record
+from autotune.tuning.measure.runners import Runner, only_overlength
+from autotune.tuning.measure.scoring import (
+    CONSTRAINT_NAMES,
+    LevelScore,
+    Slo,
+    TrialScore,
+    failed_trial_score,
+    score_level,
+    score_trial,
+)
+from autotune.tuning.run.events import (
     LevelDone,
     LevelProgress,
     LevelStart,
@@ -29,17 +40,6 @@ from autotune.tuning.events import (
     TrialStart,
     WorkerDied,
     WorkerFailed,
-)
-from autotune.tuning.outcome import level_record
-from autotune.tuning.runners import Runner, only_overlength
-from autotune.tuning.scoring import (
-    CONSTRAINT_NAMES,
-    LevelScore,
-    Slo,
-    TrialScore,
-    failed_trial_score,
-    score_level,
-    score_trial,
 )
 from autotune.workers.cause import RETRYABLE
 from autotune.workload.core import Workload

@@ -12,10 +12,10 @@ from optuna.trial import TrialState
 from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
 from autotune.tuning import attrs, study_attrs
-from autotune.tuning.create import load_study_config
-from autotune.tuning.edges import apply_widenings, stored_widenings
-from autotune.tuning.stages import plan_lines
-from autotune.tuning.strategy import planned_total
+from autotune.tuning.run.create import load_study_config
+from autotune.tuning.search.edges import apply_widenings, stored_widenings
+from autotune.tuning.search.stages import plan_lines
+from autotune.tuning.search.strategy import planned_total
 
 __all__ = ["RunningTrial", "StudyStatus", "study_plan", "study_status"]
 

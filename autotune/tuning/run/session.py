@@ -22,11 +22,11 @@ from autotune.config import StudyConfig
 from autotune.store import Store
 from autotune.store.resilience import secondary_failure
 from autotune.tuning import attrs
-from autotune.tuning.claims import Claimed, Claims, Wait
-from autotune.tuning.events import OnEvent, Waiting
-from autotune.tuning.heartbeat import Heartbeat
-from autotune.tuning.recovery import Recovery
-from autotune.tuning.space import SpaceBounds
+from autotune.tuning.run.claims import Claimed, Claims, Wait
+from autotune.tuning.run.events import OnEvent, Waiting
+from autotune.tuning.run.heartbeat import Heartbeat
+from autotune.tuning.run.recovery import Recovery
+from autotune.tuning.search.space import SpaceBounds
 from autotune.workers.guard import GroupRecord, Watchdog, boot_id, host_name, proc_start_ticks
 
 __all__ = ["ControllerSession"]

@@ -18,7 +18,7 @@ from autotune.config import SloConfig
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.stopped import StopInfo, certain_rate
 from autotune.store.records import TrialRecord
-from autotune.tuning.capacity import CapacityResult
+from autotune.tuning.measure.capacity import CapacityResult
 
 __all__ = [
     "CONSTRAINT_NAMES",

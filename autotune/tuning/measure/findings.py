@@ -17,11 +17,11 @@ from autotune.loadgen.stopped import LATENCIES, RATES, THROUGHPUTS, StopInfo, St
 from autotune.loadgen.stopped import stopped_figures as _figures
 from autotune.store import LevelRecord, TrialRecord
 from autotune.tuning.attrs import TrialSummary
-from autotune.tuning.scoring import Slo, binding_slo
-from autotune.tuning.stages import capacity_bracket, memory_evidence
+from autotune.tuning.measure.scoring import Slo, binding_slo
+from autotune.tuning.search.stages import capacity_bracket, memory_evidence
 
 if TYPE_CHECKING:
-    from autotune.tuning.trial import TrialOutcome
+    from autotune.tuning.measure.trial import TrialOutcome
 
 __all__ = ["capacity_rps", "record_stopped", "stop_note", "trial_summary", "why_infeasible"]
 

@@ -7,7 +7,7 @@ t-interval of the mean paired gain. The per-pair standard deviation is floored (
 capacity-lattice step by default): capacities sit on the lattice, so paired differences can
 be exactly equal and a zero-width interval would claim certainty the lattice cannot give.
 
-The verdict (:mod:`autotune.tuning.verdict`) holds every config, the baseline included, to
+The verdict (:mod:`autotune.tuning.measure.verdict`) holds every config, the baseline included, to
 one bar: the latency and error SLOs held in every run, its run in the study counted as one;
 the over-length limit is judged on a config's repeats together (requests cut over requests
 sent), because how many requests ``max_model_len`` cuts depends on the lengths drawn, not on
@@ -29,8 +29,8 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.store.records import RepeatRecord, TrialRecord
-from autotune.tuning.tdist import t_quantile, t_two_sided
-from autotune.tuning.verdict import Contender, Held, Verdict, held_in_study, verdict_of
+from autotune.tuning.measure.tdist import t_quantile, t_two_sided
+from autotune.tuning.measure.verdict import Contender, Held, Verdict, held_in_study, verdict_of
 
 __all__ = [
     "FIGURE_NAMES",
@@ -181,7 +181,7 @@ class ValidationSummary:
     verdict: Verdict | None  # None while runs are missing
     chosen: int | None  # the recommended trial (None: keep, undecided, or incomplete)
     best: int | None  # the candidate with the best lower bound: the interval reported
-    reason: str | None = None  # why the verdict (autotune.tuning.verdict)
+    reason: str | None = None  # why the verdict (autotune.tuning.measure.verdict)
     baseline_runs: int = 0  # its finished validation runs
     baseline_study_held: bool | None = None  # its run in the study held (None: not known)
     baseline_figure_range: tuple[float, float] | None = None

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from autotune.loadgen.level import LevelMetrics
     from autotune.store import TrialRecord
-    from autotune.tuning.interval import ValidationSummary
-    from autotune.tuning.validate import RunResult
+    from autotune.tuning.measure.interval import ValidationSummary
+    from autotune.tuning.measure.validate import RunResult
 
 __all__ = [
     "Event",

@@ -1,5 +1,5 @@
 """What a run of a study is handed and what it hands back: :class:`RunContext` (everything a
-run needs, built once by :func:`autotune.tuning.controller.run_study` and passed down to the
+run needs, built once by :func:`autotune.tuning.run.controller.run_study` and passed down to the
 lanes and the validation phase), :class:`RunHooks` (what the layers above add to a run) and
 :class:`RunReport` (how the run went)."""
 
@@ -15,12 +15,12 @@ from autotune.config import StudyConfig
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.store import Store, StudyRecord
-from autotune.tuning.events import OnEvent
-from autotune.tuning.lanes import LanePlan
-from autotune.tuning.runners import Runner, make_runner
-from autotune.tuning.session import ControllerSession
-from autotune.tuning.space import SpaceBounds
-from autotune.tuning.trial import TrialOutcome
+from autotune.tuning.measure.runners import Runner, make_runner
+from autotune.tuning.measure.trial import TrialOutcome
+from autotune.tuning.run.events import OnEvent
+from autotune.tuning.run.lanes import LanePlan
+from autotune.tuning.run.session import ControllerSession
+from autotune.tuning.search.space import SpaceBounds
 from autotune.workload.core import Workload
 
 __all__ = ["RunContext", "RunHooks", "RunReport"]
@@ -44,7 +44,7 @@ class RunReport:
     idle_s: float = 0.0  # waiting for other controllers' trials (docs/faults.md)
     recovered: list[str] = field(default_factory=list)  # what the start-up recovery fixed
     retried: list[int] = field(default_factory=list)  # retries this run queued
-    validation_runs: int = 0  # re-measurements made after the search (tuning/validate.py)
+    validation_runs: int = 0  # re-measurements made after the search (tuning/measure/validate.py)
 
 
 @dataclass(frozen=True)

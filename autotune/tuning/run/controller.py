@@ -1,9 +1,9 @@
 """This process as a controller of a study (docs/faults.md#2-controllers-workers-and-claims):
 ``run_study`` loads the study, checks its workload, builds the run's :class:`RunContext`
-once and runs trials on its lanes (``tuning/lane_loop.py``) until the plan, ``n_trials`` or
+once and runs trials on its lanes (``tuning/run/lane_loop.py``) until the plan, ``n_trials`` or
 the time limit ends the run. Optuna's RDB storage and autotune's tables share one database
 (SQLite by default, Postgres in production), so many controllers can share a study and a
-run can be resumed after Ctrl-C. Creating a study is ``tuning/create.py``."""
+run can be resumed after Ctrl-C. Creating a study is ``tuning/run/create.py``."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from autotune.errors import ConfigError, NotFoundError
 from autotune.profiles.hardware import get_hardware
 from autotune.store import Store
 from autotune.tuning import attrs, study_attrs
-from autotune.tuning.context import RunContext, RunHooks, RunReport
-from autotune.tuning.create import load_study_config
-from autotune.tuning.events import OnEvent
-from autotune.tuning.lane_loop import run_trials
-from autotune.tuning.lanes import plan_lanes
-from autotune.tuning.plan import model_of
-from autotune.tuning.session import ControllerSession
-from autotune.tuning.stopping import Interrupted, stop_on_signals
+from autotune.tuning.run.context import RunContext, RunHooks, RunReport
+from autotune.tuning.run.create import load_study_config
+from autotune.tuning.run.events import OnEvent
+from autotune.tuning.run.lane_loop import run_trials
+from autotune.tuning.run.lanes import plan_lanes
+from autotune.tuning.run.session import ControllerSession
+from autotune.tuning.run.stopping import Interrupted, stop_on_signals
+from autotune.tuning.search.plan import model_of
 from autotune.workload.build import study_workload
 
 __all__ = ["fail_running", "run_study", "sampler_seed"]

@@ -13,7 +13,7 @@ from autotune.errors import ConfigError, SimStartupError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.sim import EngineArgs, sim_requests, simulate
-from autotune.tuning.space import SpaceBounds, max_model_len_candidates
+from autotune.tuning.search.space import SpaceBounds, max_model_len_candidates
 from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
 from autotune.workload.profile import WorkloadProfile

@@ -20,7 +20,7 @@ from autotune.loadgen.stopped import StopInfo
 from autotune.store import LevelRecord
 from autotune.telemetry.diagnosis import Diagnosis
 from autotune.telemetry.summary import LevelTelemetry
-from autotune.tuning.scoring import LevelScore
+from autotune.tuning.measure.scoring import LevelScore
 from autotune.workers.watch import DeathReport
 
 __all__ = ["LevelDeath", "LevelOutcome", "level_record", "replay_seconds"]

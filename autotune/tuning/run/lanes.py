@@ -4,7 +4,7 @@ The devices are split into *lanes* of ``--gpus-per-trial`` devices each (what a 
 parallel sizes need, when the study sets them). A lane runs one trial at a time with its own
 runner, hence its own worker process, port, work folder and ``CUDA_VISIBLE_DEVICES``; no
 two lanes share a device, so no two running trials ever do. All lanes claim their trials
-through the controller's one :class:`~autotune.tuning.claims.Claims`, so the budget stays
+through the controller's one :class:`~autotune.tuning.run.claims.Claims`, so the budget stays
 exact however many lanes (and controllers on other hosts) share the study.
 
 Each lane runs in a thread of its own with its own event loop (:func:`run_lanes`). One loop

@@ -33,11 +33,11 @@ from autotune.profiles.models import ModelProfile
 from autotune.sim import EngineArgs, jitter_seed, plan_memory, replay_level, sim_engine_args
 from autotune.telemetry import PrometheusTelemetry, Scraper, diagnose, publish_sd_target
 from autotune.telemetry.summary import LevelTelemetry, from_scrape
-from autotune.tuning.capacity import CapacityResult, CapacitySearch, Lattice
-from autotune.tuning.early_stop import rule_of
-from autotune.tuning.outcome import LevelDeath, LevelOutcome
-from autotune.tuning.plan import build_bounds
-from autotune.tuning.scoring import LevelScore, Slo, score_level
+from autotune.tuning.measure.capacity import CapacityResult, CapacitySearch, Lattice
+from autotune.tuning.measure.early_stop import rule_of
+from autotune.tuning.measure.outcome import LevelDeath, LevelOutcome
+from autotune.tuning.measure.scoring import LevelScore, Slo, score_level
+from autotune.tuning.search.plan import build_bounds
 from autotune.workers.guard import GroupRegistry
 from autotune.workers.sim import SimWorker
 from autotune.workers.vllm import VllmWorker
