@@ -26,7 +26,7 @@ from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
-from autotune.tuning.measure.runners import VirtualRunner
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.search.plan import baseline_engine_args
 from autotune.workload.build import build_workload, prepare_prompts
 

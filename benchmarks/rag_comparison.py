@@ -43,7 +43,7 @@ from autotune.profiles.models import get_model
 from autotune.report.recommend import Recommendation, format_interval, recommend
 from autotune.store import Store
 from autotune.tuning.measure.interval import paired_interval
-from autotune.tuning.measure.runners import make_runner
+from autotune.tuning.measure.runner_factory import make_runner
 from autotune.tuning.measure.validate import RunResult, measure_run
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study

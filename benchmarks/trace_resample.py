@@ -29,8 +29,8 @@ from autotune.config import StudyConfig, parse_config
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.tuning.measure.interval import paired_interval
-from autotune.tuning.measure.runners import VirtualRunner
 from autotune.tuning.measure.validate import measure_run
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 from autotune.workload.rare_trace import rare_request_trace

@@ -26,8 +26,10 @@ from autotune.profiles.models import get_model
 from autotune.sim import jitter_seed
 from autotune.store import Store
 from autotune.tuning.measure.capacity import CapacitySearch, Lattice
-from autotune.tuning.measure.runners import LevelOutcome, StartInfo, VirtualRunner
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.runner_protocol import StartInfo
 from autotune.tuning.measure.scoring import LevelScore, Violation
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run import context, controller, create
 from autotune.tuning.run.events import Event, LevelStart, TrialDone, TrialStart
 from autotune.workload.build import build_workload
@@ -319,7 +321,7 @@ def test_progress_show_and_export_name_each_violation(tmp_path: Path) -> None:
 def test_only_overlength_stops_a_capacity_search() -> None:
     """Requests too long and nothing else wrong: no load helps (over HTTP, where the
     server's tokenizer can make prompts longer than the workload's estimate)."""
-    from autotune.tuning.measure.runners import only_overlength
+    from autotune.tuning.measure.level_search import only_overlength
 
     long_ = LevelScore(
         1.0, {"p99_ttft": -0.5, "p99_tpot": -0.2, "overlength_rate": 0.3}, False, 0.0

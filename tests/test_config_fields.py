@@ -32,8 +32,10 @@ from autotune.loadgen.level import LevelMetrics
 from autotune.profiles.hardware import get_hardware
 from autotune.report.recommend import recommend
 from autotune.store import Store, TrialRecord
-from autotune.tuning.measure.runners import HttpRunner, VirtualRunner, make_runner
+from autotune.tuning.measure.http_runner import HttpRunner
+from autotune.tuning.measure.runner_factory import make_runner
 from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.search.plan import build_bounds, model_of

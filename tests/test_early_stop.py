@@ -29,13 +29,11 @@ from autotune.sim import SimWatch, records_from_sim, sim_engine_args, sim_reques
 from autotune.sim.engine import Engine
 from autotune.sim.virtual_loop import simulate
 from autotune.tuning.measure.early_stop import rule_of
+from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.outcome import level_record, replay_seconds
-from autotune.tuning.measure.runners import (
-    HttpRunner,
-    VirtualRunner,
-    make_runner,
-)
+from autotune.tuning.measure.runner_factory import make_runner
 from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload.build import build_workload, scale_rate
 
 MODEL, HW = get_model("meta-llama/Llama-3.1-8B-Instruct"), get_hardware("A100-80GB")

@@ -22,8 +22,9 @@ from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.level import LevelMetrics
 from autotune.report import dashboard, plots
 from autotune.store import Store
-from autotune.tuning.measure import runners
-from autotune.tuning.measure.runners import LevelOutcome, VirtualRunner
+from autotune.tuning.measure import virtual_runner
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload.core import Workload
 
 NAME = "t"
@@ -57,7 +58,7 @@ def dead_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(VirtualRunner, "run_level", level)
     # the dashboard's plots are written after runs of at least 20 s; this one takes ~2 s
     monkeypatch.setattr(dashboard, "PLOTS_AFTER_RUN_S", 0.0)
-    assert runners.VirtualRunner is VirtualRunner
+    assert virtual_runner.VirtualRunner is VirtualRunner
 
 
 @pytest.fixture

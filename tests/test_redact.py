@@ -20,7 +20,7 @@ from autotune.redact import (
     mask_url_passwords,
 )
 from autotune.store import Store
-from autotune.tuning.measure.runners import HttpRunner
+from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.workers import SimWorker
 from autotune.workers.vllm_command import format_command, vllm_argv
 from autotune.workload.sources import LogNormal, synthetic_workload

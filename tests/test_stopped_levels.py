@@ -26,7 +26,7 @@ from autotune.report.study_export import export_csv, export_json
 from autotune.report.tables import show_rows, show_table
 from autotune.store import LevelRecord, StudyRecord, TrialRecord
 from autotune.tuning.measure.findings import why_infeasible
-from autotune.tuning.measure.runners import LevelOutcome
+from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.scoring import Slo, score_level
 from autotune.tuning.measure.trial import level_record
 

@@ -24,7 +24,8 @@ from autotune.report.recommend import recommend
 from autotune.store import Store, StudyRecord, TrialRecord
 from autotune.tuning.measure import validate
 from autotune.tuning.measure.interval import summary_of
-from autotune.tuning.measure.runners import LevelOutcome, StartInfo
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.runner_protocol import StartInfo
 from autotune.tuning.measure.validate import VALIDATION_ATTR, run_validation
 from autotune.tuning.run import context, controller, create, lanes
 from autotune.workload.build import build_workload

@@ -27,7 +27,8 @@ from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
 from autotune.sim.routes import SimServer
 from autotune.store import Store
-from autotune.tuning.measure.runners import HttpRunner, make_runner
+from autotune.tuning.measure.http_runner import HttpRunner
+from autotune.tuning.measure.runner_factory import make_runner
 from autotune.tuning.measure.trial import TrialSetup, run_trial
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.events import Event, LevelProgress, WorkerDied

@@ -1,8 +1,8 @@
 """The simulator's half of the in-process (``sim-virtual``) runner: one load level replayed
 on the virtual clock, its per-request timings turned into the records the HTTP client
 produces (so one metric implementation scores both), its early stop and its telemetry.
-The runner in :mod:`autotune.tuning.measure.runners` wraps the result into a level outcome; this
-side knows the engine and nothing of tuning (docs/architecture.md).
+The runner in :mod:`autotune.tuning.measure.virtual_runner` wraps the result into a level
+outcome; this side knows the engine and nothing of tuning (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from autotune.config import WorkloadConfig, parse_config
 from autotune.loadgen.bench import run_bench
 from autotune.profiles.models import get_model
 from autotune.store import Store
-from autotune.tuning.measure.runners import HttpRunner
+from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.trial import TrialSetup, run_trial
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.events import Event, LevelProgress

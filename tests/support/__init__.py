@@ -7,8 +7,8 @@ pytest's default import mode puts it there, so this package is ``support``):
 - ``processes``: free ports, gone pids and process groups, the sim servers a test started;
 - ``studies``: a study config builder (``config(**over)``) on a small sim-virtual study;
 - ``databases``: fresh SQLite/PostgreSQL databases and store records for the store contract;
-- ``runners``: fake ``Runner``s (autotune/tuning/measure/runners.py): a scripted one that drives
-  ``run_trial`` through every branch, and one with known noise for the validation phase;
+- ``runners``: fake ``Runner``s (autotune/tuning/measure/runner_protocol.py): a scripted one
+  that drives ``run_trial`` through every branch, and one with known noise for the validation phase;
 - ``fake_server``: a small misbehaving OpenAI-compatible server for the load generator;
 - ``prometheus``: a real Prometheus on a free port;
 - ``nightly``: trace files and nightly configs; ``ledger`` and ``pgcluster``: the fault suite;

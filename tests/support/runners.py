@@ -1,5 +1,5 @@
-"""Fake ``Runner``s (the protocol in autotune/tuning/measure/runners.py) for tests that drive
-``run_trial`` and the controller without a worker.
+"""Fake ``Runner``s (the protocol in autotune/tuning/measure/runner_protocol.py) for tests that
+drive ``run_trial`` and the controller without a worker.
 
 - :class:`ScriptedRunner`: every call follows a script, so a test can send ``run_trial``
   (autotune/tuning/measure/trial.py) down each of its branches: a start-up failure, a death under
@@ -18,7 +18,8 @@ import numpy as np
 
 from autotune.failures import FailureClass, FailureMatch
 from autotune.loadgen.level import LevelMetrics
-from autotune.tuning.measure.runners import LevelOutcome, StartInfo
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.runner_protocol import StartInfo
 from autotune.workload.core import Workload
 
 __all__ = ["NoisyRunner", "ScriptedRunner", "feasible_up_to"]

@@ -11,9 +11,10 @@ from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
-from autotune.tuning.measure.runners import VirtualRunner, capacity_search
+from autotune.tuning.measure.level_search import capacity_search
 from autotune.tuning.measure.scoring import Slo
 from autotune.tuning.measure.trial import lattice_of
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload.core import Workload
 
 __all__ = ["baseline_capacity"]

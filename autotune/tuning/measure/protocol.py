@@ -20,8 +20,9 @@ from autotune.errors import SimStartupError
 from autotune.profiles.hardware import get_hardware
 from autotune.tuning.measure.capacity import CapacityResult, Lattice
 from autotune.tuning.measure.early_stop import rule_of
-from autotune.tuning.measure.runners import VirtualRunner, capacity_search
+from autotune.tuning.measure.level_search import capacity_search
 from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.search.plan import model_of
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload

@@ -20,8 +20,9 @@ from autotune.failures import FailureClass
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
 from autotune.tuning.measure.capacity import CapacitySearch, Lattice
+from autotune.tuning.measure.level_search import only_overlength
 from autotune.tuning.measure.outcome import level_record
-from autotune.tuning.measure.runners import Runner, only_overlength
+from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.scoring import (
     CONSTRAINT_NAMES,
     LevelScore,

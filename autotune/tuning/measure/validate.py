@@ -28,8 +28,11 @@ from autotune.config import StudyConfig
 from autotune.errors import StorageError, WorkerStartupError
 from autotune.store import RepeatRecord, Store, TrialRecord
 from autotune.tuning.measure.capacity import Lattice
+from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
-from autotune.tuning.measure.runners import HttpRunner, LevelOutcome, Runner, capacity_search
+from autotune.tuning.measure.level_search import capacity_search
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.scoring import Slo, record_rank, score_level, worst_slo_margin
 from autotune.tuning.run.events import (
     OnEvent,

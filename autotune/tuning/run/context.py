@@ -15,7 +15,8 @@ from autotune.config import StudyConfig
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.store import Store, StudyRecord
-from autotune.tuning.measure.runners import Runner, make_runner
+from autotune.tuning.measure.runner_factory import make_runner
+from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.trial import TrialOutcome
 from autotune.tuning.run.events import OnEvent
 from autotune.tuning.run.lanes import LanePlan

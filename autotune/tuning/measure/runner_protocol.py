@@ -1,0 +1,70 @@
+"""What every trial runner is (docs/architecture.md): the :class:`Runner` protocol a trial,
+a validation run and a re-measurement drive (start a worker with engine args, replay load
+levels, stop it), what starting reports (:class:`StartInfo`), and the helpers both runners
+use to turn a replayed level into a :class:`LevelOutcome`. The runners themselves:
+:mod:`autotune.tuning.measure.virtual_runner` (``sim-virtual``) and
+:mod:`autotune.tuning.measure.http_runner` (``sim``, ``vllm``); the study's one:
+:func:`autotune.tuning.measure.runner_factory.make_runner`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autotune.failures import FailureMatch
+from autotune.loadgen.sender import ProgressSnapshot
+from autotune.telemetry import diagnose
+from autotune.telemetry.summary import LevelTelemetry
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.workload.core import Workload
+
+__all__ = ["Runner", "StartInfo", "offered_rate", "with_diagnosis"]
+
+
+@dataclass
+class StartInfo:
+    command: str
+    argv: list[str]
+    startup_s: float
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+
+
+class Runner(Protocol):
+    kind: str
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo: ...
+
+    async def run_level(
+        self,
+        workload: Workload,
+        scale: float,
+        progress: Callable[[ProgressSnapshot], None] | None = None,
+    ) -> LevelOutcome: ...
+
+    def failure(self) -> FailureMatch | None: ...
+
+    async def stop(self) -> None: ...
+
+
+def offered_rate(wl: Workload, scale: float) -> float | None:
+    """The arrival rate of ``wl`` run at ``scale`` (requests/s; None without timed arrivals)."""
+    t = wl.arrivals()
+    if t is None or len(t) < 2 or t[-1] <= 0:
+        return None
+    return float(len(t) / t[-1] * scale)
+
+
+def with_diagnosis(
+    out: LevelOutcome, tel: LevelTelemetry | None, mns: int, mnbt: int
+) -> LevelOutcome:
+    """Attach the level's telemetry and the seed guide's bottleneck diagnosis
+    (docs/method.md#3-reading-the-bottleneck)."""
+    if tel is not None:
+        out.telemetry = tel
+        out.diagnosis = diagnose(tel, max_num_seqs=mns, max_num_batched_tokens=mnbt)
+        if "preemptions" in tel.counters:  # the server's counter delta over the level
+            out.metrics = out.metrics.with_preemptions(tel.counters["preemptions"])
+    return out

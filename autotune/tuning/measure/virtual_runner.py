@@ -1,0 +1,93 @@
+"""The ``sim-virtual`` runner: the engine in-process on the virtual clock, no HTTP. Its
+per-request timings become the same records the HTTP client produces, so one metric
+implementation scores both (the protocol: :mod:`autotune.tuning.measure.runner_protocol`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.failures import FailureMatch
+from autotune.loadgen.level import LevelMetrics
+from autotune.loadgen.sender import ProgressSnapshot
+from autotune.loadgen.stop_rule import StopRule
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
+from autotune.sim import EngineArgs, jitter_seed, plan_memory, replay_level, sim_engine_args
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.runner_protocol import StartInfo, offered_rate, with_diagnosis
+from autotune.workers.vllm_command import format_command, vllm_argv
+from autotune.workload.build import scale_rate
+from autotune.workload.core import Workload
+
+__all__ = ["VirtualRunner"]
+
+
+class VirtualRunner:
+    """``sim-virtual``: every level is one in-process simulation of the scaled workload."""
+
+    kind = "sim-virtual"
+
+    def __init__(
+        self,
+        model: ModelProfile,
+        hardware: HardwareProfile,
+        *,
+        model_name: str,
+        static_args: Mapping[str, Any],
+        seed: int,
+        jitter_cv: float,
+        warmup: int = 0,
+        early_stop: StopRule | None = None,
+    ) -> None:
+        self.model, self.hardware, self.model_name = model, hardware, model_name
+        self.static = dict(static_args)
+        self.seed, self.jitter_cv = seed, jitter_cv
+        self.warmup = warmup
+        self.early_stop = early_stop  # None: every level replays to its end
+        self.args: EngineArgs | None = None
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
+        args = sim_engine_args(engine_args, self.static)
+        mem = plan_memory(self.model, self.hardware, args.resolve(self.model, self.hardware))
+        self.args = args
+        argv = vllm_argv(
+            ["vllm"],
+            self.model_name,
+            engine_args,
+            static_args=self.static,
+            host="127.0.0.1",
+            port=8000,
+        )
+        return StartInfo(format_command(argv), argv, 0.0, mem.kv_tokens, mem.max_concurrency)
+
+    async def run_level(
+        self,
+        workload: Workload,
+        scale: float,
+        progress: Callable[[ProgressSnapshot], None] | None = None,
+    ) -> LevelOutcome:
+        assert self.args is not None, "start() first"
+        # the replay itself is the simulator's (autotune.sim.replay_level); this side turns
+        # it into the level outcome tuning scores
+        level = replay_level(
+            self.model,
+            self.hardware,
+            self.args,
+            scale_rate(workload, scale),
+            seed=jitter_seed(self.seed, scale),
+            jitter_cv=self.jitter_cv,
+            warmup=self.warmup,
+            early_stop=self.early_stop,
+        )
+        metrics = LevelMetrics.from_summary(level.summary, level.stop)
+        out = LevelOutcome(scale, offered_rate(workload, scale), metrics, replay_s=level.replay_s)
+        r = level.args
+        return with_diagnosis(out, level.telemetry, r.max_num_seqs, r.max_num_batched_tokens)
+
+    def failure(self) -> FailureMatch | None:
+        return None
+
+    async def stop(self) -> None:
+        self.args = None
