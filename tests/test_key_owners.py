@@ -145,3 +145,23 @@ def test_the_owners_define_their_keys() -> None:
 def test_no_owned_key_is_read_outside_its_owner(where: str) -> None:
     sources = {p: s for p, s in repository_sources().items() if p.startswith(where + "/")}
     assert foreign_reads(sources, repository_owners(), OTHER_RECORDS) == []
+
+
+OPTUNA_IDS = "autotune/store/optuna_ids.py"  # the one reader of Optuna's private ids
+
+
+def private_id_reads(sources: dict[str, str]) -> list[str]:
+    """``path:line`` of each ``x._trial_id`` / ``x._study_id`` outside :data:`OPTUNA_IDS`."""
+    return [
+        f"{path}:{node.lineno}"
+        for path, source in sorted(sources.items())
+        if path != OPTUNA_IDS
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in ("_trial_id", "_study_id")
+    ]
+
+
+def test_optunas_private_ids_are_read_in_one_module() -> None:
+    planted = {OPTUNA_IDS: "a = t._trial_id\n", "b.py": "x = 1\nb = s._study_id\n"}
+    assert private_id_reads(planted) == ["b.py:2"]
+    assert private_id_reads(repository_sources()) == []

@@ -14,8 +14,8 @@ import typer
 from autotune.cli._app import app, console
 from autotune.cli.database import StorageOpt, need_study, study_store
 from autotune.errors import ConfigError, MissingExtraError
+from autotune.store.optuna_ids import study_id
 from autotune.tuning.run.create import load_study_config
-from autotune.tuning.study_attrs import study_id
 
 __all__ = ["dashboard", "report"]
 

@@ -23,10 +23,11 @@ import optuna
 from autotune.config import StudyConfig
 from autotune.errors import DatabaseLostError
 from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
+from autotune.store.optuna_ids import trial_id
 
 # the dashboard's name for the constraints' list, as tests and older callers import it
 from autotune.tuning.attrs import CONSTRAINTS_KEY as CONSTRAINTS_KEY
-from autotune.tuning.attrs import constraint_names, constraint_order, set_metric_name, trial_id
+from autotune.tuning.attrs import constraint_names, constraint_order, set_metric_name
 from autotune.tuning.run.context import RunHooks
 
 if TYPE_CHECKING:

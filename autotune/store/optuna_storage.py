@@ -31,6 +31,7 @@ from optuna.study._frozen import FrozenStudy
 from optuna.study._study_direction import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.store.optuna_ids import trial_id
 from autotune.store.resilience import NOT_LANDED, NotLanded, Resilience
 
 __all__ = ["ResilientStorage", "StaleCallback"]
@@ -186,18 +187,18 @@ class ResilientStorage(BaseStorage, BaseHeartbeat):
         is RUNNING with nothing set)."""
         before: set[int] | None = None
         if self.resilience.tolerance_s > 0:
-            before = {t._trial_id for t in self.get_all_trials(study_id, deepcopy=False)}
+            before = {trial_id(t) for t in self.get_all_trials(study_id, deepcopy=False)}
 
         def landed() -> int | NotLanded:
             assert before is not None
             for t in self.inner.get_all_trials(study_id, deepcopy=False):
-                if t._trial_id in before:
+                if trial_id(t) in before:
                     continue
                 if template_trial is None:
                     if t.state == TrialState.RUNNING and not t.params and not t.user_attrs:
-                        return t._trial_id
+                        return trial_id(t)
                 elif _identity(t) == _identity(template_trial):
-                    return t._trial_id
+                    return trial_id(t)
             return NOT_LANDED
 
         return self.resilience.call(
@@ -292,18 +293,18 @@ class ResilientStorage(BaseStorage, BaseHeartbeat):
         with self._lock:
             live: list[FrozenTrial] = []
             for t in fresh:
-                self._study_of[t._trial_id] = study_id
+                self._study_of[trial_id(t)] = study_id
                 for name, dist in t.distributions.items():
                     cached.distributions.setdefault(name, dist)
                 if t.state.is_finished():
-                    cached.finished[t._trial_id] = t
-                    cached.unfinished.discard(t._trial_id)
+                    cached.finished[trial_id(t)] = t
+                    cached.unfinished.discard(trial_id(t))
                 else:
-                    cached.unfinished.add(t._trial_id)
+                    cached.unfinished.add(trial_id(t))
                     live.append(t)
             # newer ids than every finished one are read again; older unfinished ones are
             # read by id (Optuna's own cache keeps the same two)
-            done = [t._trial_id for t in fresh if t.state.is_finished()]
+            done = [trial_id(t) for t in fresh if t.state.is_finished()]
             cached.last_finished = max([cached.last_finished, *done])
             trials = sorted([*cached.finished.values(), *live], key=lambda t: t.number)
         if states is not None:

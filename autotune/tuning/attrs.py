@@ -1,10 +1,10 @@
 """The trial attributes autotune reads or writes (the codec's trial half; the study header is
 ``tuning/study_attrs.py``): the keys, typed records for what they hold
-(:class:`TrialSummary`, :class:`BaselineEvidence`), their encoding, the constraints every
-trial reports (:func:`constraint_names`, in :func:`constraint_order`) and Optuna's private
-``_trial_id``. No module but these two names an attribute key or Optuna's private
-``_trial_id``/``_study_id``. The keys and JSON shapes are the stored format: older databases
-read unchanged (docs/report.md#1-optuna-dashboard)."""
+(:class:`TrialSummary`, :class:`BaselineEvidence`), their encoding, and the constraints every
+trial reports (:func:`constraint_names`, in :func:`constraint_order`). No module but these two
+names an attribute key; Optuna's private ids are read in ``store/optuna_ids.py`` alone. The
+keys and JSON shapes are the stored format: older databases read unchanged
+(docs/report.md#1-optuna-dashboard)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import StudyConfig
+from autotune.store.optuna_ids import trial_id
 from autotune.tuning.measure.scoring import CONSTRAINT_NAMES
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "retry_history",
     "set_metric_name",
     "stage_of",
-    "trial_id",
     "write_devices",
     "write_failure_class",
     "write_recovered_summary",
@@ -62,11 +62,6 @@ _FIXED_PARAMS = "fixed_params"  # trial system attributes: these two are Optuna'
 _RETRY_HISTORY = "retry_history"
 REQUEUED_FROM_KEY = "autotune.requeued_from"  # a configuration re-queued because it never ran
 _Trial = FrozenTrial | optuna.Trial
-
-
-def trial_id(t: optuna.Trial | FrozenTrial) -> int:
-    """The storage's id of a trial (Optuna has no public accessor for it)."""
-    return int(t._trial_id)
 
 
 def set_metric_name(study: optuna.Study, mode: str) -> None:

@@ -1,8 +1,7 @@
 """The study attributes autotune reads or writes (the codec's study half; trial attributes
 are ``tuning/attrs.py``): the keys, the :class:`StudyHeader` a study is created with, its
-widenings and its validation summary, and Optuna's private ``_study_id``. The keys and JSON
-shapes are the stored format: older databases read unchanged
-(docs/report.md#1-optuna-dashboard)."""
+widenings and its validation summary. The keys and JSON shapes are the stored format: older
+databases read unchanged (docs/report.md#1-optuna-dashboard)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ __all__ = [
     "open_study",
     "read_header",
     "read_widenings",
-    "study_id",
     "write_validation",
     "write_widenings",
 ]
@@ -39,11 +37,6 @@ SCREENING_KEY = "autotune.max_model_len_screening"  # Screening.to_dict()
 PROJECTION_KEY = "autotune.nightly_projection"  # the nightly's Projection dicts
 WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/search/edges.py)
 VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/measure/validate.py)
-
-
-def study_id(study: optuna.Study) -> int:
-    """The storage's id of a study (optuna-dashboard's URLs use it)."""
-    return int(study._study_id)
 
 
 def bounds_from_json(text: str) -> SpaceBounds:

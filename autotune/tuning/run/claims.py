@@ -30,6 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchConfig, StrategyConfig
 from autotune.store import Store
+from autotune.store.optuna_ids import trial_id
 from autotune.store.resilience import secondary_failure
 from autotune.tuning import attrs
 from autotune.tuning.run.recovery import Recovery, claim_key
@@ -209,7 +210,7 @@ class Claims:
             # in record_trial_start
             attrs.write_stage(trial, stage)
             # a first heartbeat now: Optuna never counts a trial without one as stale
-            self.store.optuna_storage().record_heartbeat(attrs.trial_id(trial))
+            self.store.optuna_storage().record_heartbeat(trial_id(trial))
             key = claim_key(trial.number)
             lk.add_claim(
                 key,
@@ -222,7 +223,7 @@ class Claims:
         # heartbeats from now on: only once the claim (and on PostgreSQL the lock's
         # transaction with it) has committed
         if self.on_claim is not None:
-            self.on_claim(attrs.trial_id(trial))
+            self.on_claim(trial_id(trial))
         return Claimed(trial, stage, engine_args, key, lane, done)
 
     def finish(self, claimed: Claimed) -> None:
@@ -238,7 +239,7 @@ class Claims:
 
             def run() -> str | None:
                 with self.fleet.locked(self.name):
-                    frozen = self.store.optuna_storage().get_trial(attrs.trial_id(claimed.trial))
+                    frozen = self.store.optuna_storage().get_trial(trial_id(claimed.trial))
                     if frozen.state != TrialState.RUNNING:
                         return None
                     return self.recovery.fail(frozen, why)

@@ -13,6 +13,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
+from autotune.store.optuna_ids import trial_id
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.measure.findings import trial_summary
 from autotune.tuning.measure.scoring import Slo, record_rank
@@ -102,7 +103,7 @@ async def run_trials(
             setup = setup_for(engine_args)
             attrs.write_trial_start(study, trial, stage_name, engine_args, cfg.mode)
             attrs.write_devices(trial, setup.devices)  # or a retry's copy of none
-            frozen = ctx.store.optuna_storage().get_trial(attrs.trial_id(trial))
+            frozen = ctx.store.optuna_storage().get_trial(trial_id(trial))
             # No capacity hint: every trial gets the same search as the baseline. Under noise
             # a search started at the best capacity so far finds lucky feasible points up
             # there that a search from the ends never visits

@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.store import Store, TrialRecord
 from autotune.store.fleet import ControllerEntry, Fleet, Locked
+from autotune.store.optuna_ids import trial_id
 from autotune.store.optuna_storage import ResilientStorage
 from autotune.tuning import attrs
 from autotune.workers.guard import host_name, process_alive, remove_tmpdir, stop_group
@@ -148,7 +149,7 @@ class Recovery:
     def fail(self, t: FrozenTrial, why: str) -> str | None:
         """RUNNING -> FAIL (one controller wins), then autotune's row, the claim, a retry."""
         try:
-            if not self.storage.set_trial_state_values(attrs.trial_id(t), TrialState.FAIL):
+            if not self.storage.set_trial_state_values(trial_id(t), TrialState.FAIL):
                 return None
         except optuna.exceptions.UpdateFinishedTrialError:
             return None  # another controller finished it first
@@ -218,7 +219,7 @@ class Recovery:
             line = self.fail(t, "it had no claim")
             return [line] if line else []
         try:
-            if not self.storage.set_trial_state_values(attrs.trial_id(t), TrialState.FAIL):
+            if not self.storage.set_trial_state_values(trial_id(t), TrialState.FAIL):
                 return []
         except optuna.exceptions.UpdateFinishedTrialError:
             return []
@@ -236,7 +237,7 @@ class Recovery:
 
     def _complete_from(self, t: FrozenTrial, row: TrialRecord) -> None:
         """Tell Optuna a result autotune stored before its controller died."""
-        trial = optuna.trial.Trial(self.study, attrs.trial_id(t))
+        trial = optuna.trial.Trial(self.study, trial_id(t))
         if len(row.constraints) == len(self.constraint_names):
             for key, value in zip(self.constraint_names, row.constraints, strict=True):
                 if key not in t.constraints:

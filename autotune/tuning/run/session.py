@@ -20,8 +20,8 @@ import optuna
 
 from autotune.config import StudyConfig
 from autotune.store import Store
+from autotune.store.optuna_ids import trial_id
 from autotune.store.resilience import secondary_failure
-from autotune.tuning import attrs
 from autotune.tuning.run.claims import Claimed, Claims, Wait
 from autotune.tuning.run.events import OnEvent, Waiting
 from autotune.tuning.run.heartbeat import Heartbeat
@@ -134,7 +134,7 @@ class ControllerSession:
 
     def released(self, c: Claimed) -> None:
         if self.heartbeat is not None:
-            self.heartbeat.discard(attrs.trial_id(c.trial))
+            self.heartbeat.discard(trial_id(c.trial))
 
     async def idle(self, wait: Wait, emit: OnEvent | None, lane: int = 0) -> None:
         """Wait (with backoff) for running trials (other controllers', other lanes');
