@@ -112,6 +112,11 @@ class StopInfo:
             return f"stopped early on {what} at request {self.at_request:,} of {self.planned:,}"
         return f"stopped on {what} once all {self.planned:,} requests were sent"
 
+    @property
+    def note(self) -> str:
+        """:attr:`text` as a note after a level's verdict: `` (stopped early on ...)``."""
+        return f" ({self.text})"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "reason": self.reason,

@@ -52,7 +52,7 @@ def progress_figures(m: LevelMetrics) -> str:
 def progress_note(m: LevelMetrics) -> str:
     """`` (stopped early on p99 TTFT at request 103 of 400)`` after a stopped level's
     progress line (:func:`stop_note`'s words), else ""."""
-    return f" ({m.stop.text})" if m.stop is not None else ""
+    return m.stop.note if m.stop is not None else ""
 
 
 def figure_cell(lv: LevelRecord | None, key: str, fmt: str = ",.1f") -> str:

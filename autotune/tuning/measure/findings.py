@@ -44,7 +44,7 @@ def record_stopped(lv: LevelRecord | None) -> Stopped | None:
 def stop_note(summary: Mapping[str, Any] | None) -> str:
     """`` (stopped early on p99 TTFT at request 103 of 400)`` for a stopped level, else ""."""
     stop = StopInfo.of(summary)
-    return f" ({stop.text})" if stop is not None else ""
+    return stop.note if stop is not None else ""
 
 
 def capacity_rps(t: TrialRecord) -> float | None:
