@@ -41,10 +41,10 @@ from autotune.config import StudyConfig, parse_config
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.report.recommend import Recommendation, format_interval, recommend
-from autotune.store import Store
+from autotune.store import RepeatRecord, Store
 from autotune.tuning.measure.interval import paired_interval
 from autotune.tuning.measure.runner_factory import make_runner
-from autotune.tuning.measure.validate import RunResult, measure_run
+from autotune.tuning.measure.validate import measure_run, single_run
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.workload.build import workload_sample
@@ -93,14 +93,14 @@ def relaxed(text: str, limit: float) -> tuple[StudyConfig, str]:
 
 def measure(cfg: StudyConfig, configs: dict[str, dict[str, Any]], n: int) -> dict[str, Any]:
     model, hw = get_model(cfg.model.name), get_hardware(cfg.hardware)
-    out: dict[str, list[RunResult]] = {k: [] for k in configs}
+    out: dict[str, list[RepeatRecord]] = {k: [] for k in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for j in range(n):
             seed = SAMPLE_SEEDS + j
             wl, _ = workload_sample(cfg, seed, vocab_size=model.vocab_size)
             for name, args in configs.items():
                 runner = make_runner(cfg.model_copy(update={"seed": seed}), model, hw, Path(tmp))
-                res = asyncio.run(measure_run(cfg, runner, wl, args, f"rag-{j}"))
+                res = asyncio.run(measure_run(cfg, runner, wl, single_run(cfg, args), f"rag-{j}"))
                 out[name].append(res)
             print(
                 f"  sample {j + 1}/{n}: "
@@ -114,7 +114,7 @@ def measure(cfg: StudyConfig, configs: dict[str, dict[str, Any]], n: int) -> dic
     return out
 
 
-def pooled(rs: list[RunResult]) -> float:
+def pooled(rs: list[RepeatRecord]) -> float:
     sent = sum(r.requests for r in rs)
     return sum((r.overlength_rate or 0.0) * r.requests for r in rs) / sent if sent else 0.0
 

@@ -29,7 +29,7 @@ from autotune.config import StudyConfig, parse_config
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.tuning.measure.interval import paired_interval
-from autotune.tuning.measure.validate import measure_run
+from autotune.tuning.measure.validate import measure_run, single_run
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
@@ -79,7 +79,7 @@ def capacity(cfg: StudyConfig, wl: Workload, args: dict[str, Any], jitter: int) 
         seed=jitter,
         jitter_cv=cfg.worker.jitter_cv,
     )
-    res = asyncio.run(measure_run(cfg, runner, wl, args, "x"))
+    res = asyncio.run(measure_run(cfg, runner, wl, single_run(cfg, args), "x"))
     return res.capacity_scale if res.slo_held else None
 
 

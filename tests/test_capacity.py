@@ -321,7 +321,7 @@ def test_progress_show_and_export_name_each_violation(tmp_path: Path) -> None:
 def test_only_overlength_stops_a_capacity_search() -> None:
     """Requests too long and nothing else wrong: no load helps (over HTTP, where the
     server's tokenizer can make prompts longer than the workload's estimate)."""
-    from autotune.tuning.measure.level_search import only_overlength
+    from autotune.tuning.measure.level_plan import only_overlength
 
     long_ = LevelScore(
         1.0, {"p99_ttft": -0.5, "p99_tpot": -0.2, "overlength_rate": 0.3}, False, 0.0

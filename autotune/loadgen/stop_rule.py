@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
+from autotune.config import SloConfig
 from autotune.loadgen.stopped import StopInfo
 
 __all__ = ["StopRule", "Tally", "needed", "stopped_summary"]
@@ -34,12 +35,21 @@ def needed(n_max: int) -> int:
 
 @dataclass(frozen=True)
 class StopRule:
-    """The limits a level is judged by (ms; rates as fractions). ``None``: no such SLO."""
+    """The limits a level is judged by (ms; rates as fractions). ``None``: no such SLO.
+
+    The one record of a study's four SLO fields: tuning's verdicts judge a level by the same
+    record (:class:`autotune.tuning.measure.scoring.Slo`), which lives here because the load
+    generator cannot import tuning (docs/architecture.md)."""
 
     p99_ttft_ms: float | None = None
     p99_tpot_ms: float | None = None
     max_error_rate: float = 0.0
     max_overlength_rate: float = 0.01
+
+    @classmethod
+    def of(cls, s: SloConfig) -> Self:
+        """The SLOs a study config states."""
+        return cls(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
 
     def exceeds_ttft(self, seconds: float) -> bool:
         # the same float operations as the summary's: seconds * 1000, then a strict >

@@ -11,9 +11,7 @@ from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
-from autotune.tuning.measure.level_search import capacity_search
-from autotune.tuning.measure.scoring import Slo
-from autotune.tuning.measure.trial import lattice_of
+from autotune.tuning.measure.level_plan import LevelPlan, measure
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload.core import Workload
 
@@ -36,8 +34,8 @@ async def baseline_capacity(
         await runner.start(baseline, "capacity-probe")
     except SimStartupError:
         return 1.0
-    lattice = lattice_of(cfg)
-    res, _ = await capacity_search(
-        runner, wl, Slo.of(cfg.slo), lattice, max_levels=cfg.strategy.capacity_levels
-    )
-    return res.scale if res.scale is not None else lattice.low
+    plan = LevelPlan.probe(cfg)
+    measured = await measure(runner, wl, plan)
+    res = measured.capacity
+    assert res is not None  # a probe is a capacity search
+    return res.scale if res.scale is not None else plan.lattice.low

@@ -19,5 +19,4 @@ def rule_of(cfg: StudyConfig) -> StopRule | None:
     trial's result, figures and all, so they run to their end)."""
     if not cfg.strategy.early_stop or cfg.mode != "slo-capacity":
         return None
-    s = cfg.slo
-    return StopRule(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
+    return StopRule.of(cfg.slo)

@@ -18,10 +18,9 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
 from autotune.profiles.hardware import get_hardware
-from autotune.tuning.measure.capacity import CapacityResult, Lattice
-from autotune.tuning.measure.early_stop import rule_of
-from autotune.tuning.measure.level_search import capacity_search
-from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.measure.capacity import CapacityResult
+from autotune.tuning.measure.level_plan import LevelPlan, measure
+from autotune.tuning.measure.runner_protocol import offered_rate
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.search.plan import model_of
 from autotune.workload.build import build_workload
@@ -69,6 +68,7 @@ async def measure_config(
     1.0x)."""
     model, hw = model_of(cfg), get_hardware(cfg.hardware)
     wl = workload or build_workload(cfg.workload, vocab_size=model.vocab_size)
+    plan = LevelPlan.of(cfg, resolution=protocol.resolution, max_levels=protocol.max_levels)
     runner = VirtualRunner(
         model,
         hw,
@@ -77,42 +77,24 @@ async def measure_config(
         seed=cfg.seed if seed is None else seed,
         jitter_cv=protocol.jitter_cv,
         warmup=cfg.workload.warmup,
-        early_stop=rule_of(cfg),  # verdicts, and so capacities, are those of full replays
+        early_stop=plan.early_stop,  # verdicts, and so capacities, are those of full replays
     )
     try:
         await runner.start(engine_args, "measure")
     except SimStartupError as exc:
         return Measurement(0.0, None, None, None, 0, str(exc.failure_class))
-    slo = Slo.of(cfg.slo)
     try:
-        if cfg.mode != "slo-capacity":
-            out = await runner.run_level(wl, 1.0)
-            ls = score_level(
-                out.metrics,
-                slo,
-                latency_slos=cfg.mode != "offline",
-                preemption_constraint=cfg.telemetry.preemption_constraint,
-            )
-            obj = ls.output_throughput if ls.feasible else 0.0
-            return Measurement(obj, 1.0 if ls.feasible else None, out.offered_rate, None, 1)
-        st = cfg.strategy
-        lattice = Lattice(st.capacity_low, st.capacity_high, protocol.resolution)
-        res, levels = await capacity_search(
-            runner,
-            wl,
-            slo,
-            lattice,
-            max_levels=protocol.max_levels,
-            hint=hint,
-            preemption_constraint=cfg.telemetry.preemption_constraint,
-        )
+        measured = await measure(runner, wl, plan, hint=hint)
     finally:
         await runner.stop()
-    at = [lv for lv in levels if lv.feasible and lv.scale == res.scale]
+    res = measured.capacity
+    if res is None:  # one level at 1.0x
+        (level,) = measured.levels
+        ls = level.score
+        obj = ls.output_throughput if ls.feasible else 0.0
+        return Measurement(obj, 1.0 if ls.feasible else None, level.outcome.offered_rate, None, 1)
+    at = [lv for lv in measured.scores if lv.feasible and lv.scale == res.scale]
     if not at or res.scale is None:
         return Measurement(0.0, None, None, res, res.levels)
-    arr = wl.arrivals()
-    rps = None
-    if arr is not None and len(arr) > 1 and arr[-1] > 0:
-        rps = float(len(arr) / arr[-1] * res.scale)
+    rps = offered_rate(wl, res.scale)
     return Measurement(at[0].output_throughput, res.scale, rps, res, res.levels)

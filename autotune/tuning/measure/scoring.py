@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from autotune.config import SloConfig
 from autotune.loadgen.level import LevelMetrics
+from autotune.loadgen.stop_rule import StopRule
 from autotune.loadgen.stopped import StopInfo, certain_rate
 from autotune.store.records import TrialRecord
 from autotune.tuning.measure.capacity import CapacityResult
@@ -40,17 +40,12 @@ __all__ = [
 CONSTRAINT_NAMES = ("p99_ttft", "p99_tpot", "error_rate", "overlength_rate")
 
 
-@dataclass(frozen=True)
-class Slo:
-    p99_ttft_ms: float | None = None
-    p99_tpot_ms: float | None = None
-    max_error_rate: float = 0.0
-    max_overlength_rate: float = 0.01
-
-    @classmethod
-    def of(cls, s: SloConfig) -> Slo:
-        """The SLOs a study config states."""
-        return cls(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
+class Slo(StopRule):
+    """A study's SLOs, the limits a level's verdict is judged by: the load generator's
+    :class:`StopRule` record (its four fields and ``Slo.of(cfg.slo)``), not a copy of it.
+    The record lives in ``loadgen`` because the load generator stops a level by the same
+    limits and cannot import tuning (docs/architecture.md); the subclass only names it for
+    the verdicts (a ``Slo`` compares equal to a ``Slo``, never to a bare ``StopRule``)."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ fresh worker (docs/faults.md#10-worker-faults)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,17 +20,13 @@ from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureClass
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
-from autotune.tuning.measure.capacity import CapacitySearch, Lattice
-from autotune.tuning.measure.level_search import only_overlength
+from autotune.tuning.attrs import constraint_names, constraint_order
+from autotune.tuning.measure.level_plan import LevelPlan, Measured, MeasuredLevel, measure
 from autotune.tuning.measure.outcome import level_record
 from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.scoring import (
-    CONSTRAINT_NAMES,
-    LevelScore,
-    Slo,
     TrialScore,
     failed_trial_score,
-    score_level,
     score_trial,
 )
 from autotune.tuning.run.events import (
@@ -45,7 +42,7 @@ from autotune.tuning.run.events import (
 from autotune.workers.cause import RETRYABLE
 from autotune.workload.core import Workload
 
-__all__ = ["TrialOutcome", "TrialSetup", "lattice_of", "level_record", "run_trial"]
+__all__ = ["TrialOutcome", "TrialSetup", "level_record", "run_trial"]
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +62,10 @@ class TrialSetup:
     # the CUDA_VISIBLE_DEVICES its worker gets, stored on the trial (docs/parallel.md)
     devices: str | None = None
 
-    @property
-    def slo(self) -> Slo:
-        return Slo.of(self.cfg.slo)
+    @functools.cached_property
+    def plan(self) -> LevelPlan:
+        """How each level is measured and judged (derived from ``cfg`` once)."""
+        return LevelPlan.of(self.cfg)
 
 
 @dataclass
@@ -80,77 +78,52 @@ class TrialOutcome:
     retry: str | None = None
 
 
-def lattice_of(cfg: StudyConfig) -> Lattice:
-    st = cfg.strategy
-    return Lattice(st.capacity_low, st.capacity_high, st.capacity_resolution)
-
-
 async def _replay(
-    setup: TrialSetup, rec: TrialRecord, number: int, levels: list[LevelScore]
-) -> tuple[CapacitySearch | None, str | None]:
-    """Replay the load levels the mode asks for on the started worker, storing each one
-    (appended to ``levels`` and ``rec.levels``). slo-capacity: the lattice search; other
-    modes: one level at 1.0x. Returns the search and the failure class if the worker died."""
-    cfg, runner, store = setup.cfg, setup.runner, setup.store
+    setup: TrialSetup, rec: TrialRecord, number: int
+) -> tuple[Measured | None, str | None]:
+    """Measure the started worker in the study's mode (:func:`measure`), storing each level
+    (in ``rec.levels``) and emitting its events. Returns the measurement and the failure
+    class if the worker died."""
+    runner, store = setup.runner, setup.store
     emit = setup.on_event or (lambda _e: None)
     assert rec.id is not None
-    lattice = lattice_of(cfg)
-    search = (
-        CapacitySearch(lattice, cfg.strategy.capacity_levels, setup.capacity_hint)
-        if cfg.mode == "slo-capacity"
-        else None
-    )
-    while True:
-        k: int | None = None
-        if search is None:
-            if levels:
-                break
-            scale = 1.0
-        else:
-            k = search.next_index()
-            if k is None:
-                break
-            scale = lattice.scale(k)
+    rec_id = rec.id
+
+    def start(scale: float) -> Callable[[ProgressSnapshot], None]:
         emit(LevelStart(number, scale))
 
         def live(p: ProgressSnapshot, n: int = number, sc: float = scale) -> None:
             emit(LevelProgress(n, sc, p.sent, p.planned, p.completed, p.failed, p.p99_ttft_ms))
 
-        out = await runner.run_level(setup.workload, scale, progress=live)
-        ls = score_level(
-            out.metrics,
-            setup.slo,
-            scale,
-            latency_slos=cfg.mode != "offline",
-            preemption_constraint=cfg.telemetry.preemption_constraint,
-        )
-        dead = runner.failure()
+        return live
+
+    def done(level: MeasuredLevel) -> None:
+        out, ls, dead = level.outcome, level.score, level.death
+        lvl = level_record(level.index, out, ls)
         if dead is not None:  # the worker died under load (OOM, engine crash)
             failure = str(dead.failure_class)
             # keep what the level measured before the death, flagged partial (never
             # feasible), with the cause, exit code or signal and log context
-            lvl = level_record(len(levels), out, ls)
             lvl.feasible = False
-            lvl.id = store.add_level(rec.id, lvl)
+            lvl.id = store.add_level(rec_id, lvl)
             rec.levels.append(lvl)
             what = "hung" if failure == FailureClass.HUNG else "died"
             head = f"worker {what}: {dead.line}"[:2000]
             context = out.death.log_context if out.death is not None else ""
             tail = f"{head}\n{context[-(7999 - len(head)) :]}"
-            store.update_trial(rec.id, failure_class=failure, log_tail=tail)
+            store.update_trial(rec_id, failure_class=failure, log_tail=tail)
             rec.log_tail = tail
-            emit(WorkerDied(number, scale, failure, dead.line))
-            return search, failure
-        lvl = level_record(len(levels), out, ls)
-        lvl.id = store.add_level(rec.id, lvl)
+            emit(WorkerDied(number, ls.scale, failure, dead.line))
+            return
+        lvl.id = store.add_level(rec_id, lvl)
         rec.levels.append(lvl)
-        levels.append(ls)
-        emit(LevelDone(number, scale, out.offered_rate, ls.feasible, out.metrics, ls.texts))
-        if search is not None and k is not None:
-            search.record(k, ls.feasible)
-            if only_overlength(ls):
-                search.stop()  # requests longer than max_model_len: no load helps
-    return search, None
+        emit(LevelDone(number, ls.scale, out.offered_rate, ls.feasible, out.metrics, ls.texts))
+
+    measured = await measure(
+        runner, setup.workload, setup.plan, hint=setup.capacity_hint, on_start=start, on_level=done
+    )
+    dead = measured.death
+    return measured, str(dead.failure_class) if dead is not None else None
 
 
 async def run_trial(
@@ -186,8 +159,7 @@ async def run_trial(
     rec.id = store.add_trial(rec)
     emit(TrialStart(number, stage, dict(engine_args), position))
     failure: str | None = None
-    levels: list[LevelScore] = []
-    search: CapacitySearch | None = None
+    measured: Measured | None = None
     try:
         try:
             info = await runner.start(engine_args, f"trial-{number:04d}")
@@ -218,7 +190,7 @@ async def run_trial(
                 kv_cache_tokens=info.kv_cache_tokens,
                 max_concurrency=info.max_concurrency,
             )
-            search, failure = await _replay(setup, rec, number, levels)
+            measured, failure = await _replay(setup, rec, number)
     except BaseException:
         # when the database is what failed, the error that says so is the one to keep: the
         # row is reconciled by the next start (docs/faults.md#4-database-outages)
@@ -227,15 +199,16 @@ async def run_trial(
         raise
     finally:
         await runner.stop()
-    names = [*CONSTRAINT_NAMES, *(["preemptions"] if cfg.telemetry.preemption_constraint else [])]
+    names = constraint_names(cfg)
     if first_attempt and failure in RETRYABLE:
         return _attempt_failed(store, rec, failure, names)
-    capacity = search.result() if failure is None and search is not None else None
+    levels = measured.scores if measured is not None else []
+    capacity = measured.capacity if failure is None and measured is not None else None
     score = failed_trial_score(names) if failure is not None else score_trial(levels, capacity)
     if failure is None and not levels:
         failure = str(FailureClass.UNKNOWN)
     rec.state, rec.objective = "COMPLETE", score.objective
-    rec.constraints = [score.constraints[k] for k in sorted(score.constraints)]
+    rec.constraints = [score.constraints[k] for k in constraint_order(list(score.constraints))]
     rec.feasible, rec.capacity_scale = score.feasible, score.capacity_scale
     rec.failure_class = failure
     rec.finished_at = datetime.now(UTC)

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,13 +27,11 @@ import numpy as np
 from autotune.config import StudyConfig
 from autotune.errors import StorageError, WorkerStartupError
 from autotune.store import RepeatRecord, Store, TrialRecord
-from autotune.tuning.measure.capacity import Lattice
 from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
-from autotune.tuning.measure.level_search import capacity_search
-from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.level_plan import LevelPlan, Measured, measure
 from autotune.tuning.measure.runner_protocol import Runner
-from autotune.tuning.measure.scoring import Slo, record_rank, score_level, worst_slo_margin
+from autotune.tuning.measure.scoring import Slo, record_rank, worst_slo_margin
 from autotune.tuning.run.events import (
     OnEvent,
     ValidationDone,
@@ -47,7 +45,6 @@ from autotune.workload.core import Workload
 
 __all__ = [
     "VALIDATION_ATTR",
-    "RunResult",
     "ValidationOutcome",
     "candidates_of",
     "measure_run",
@@ -55,6 +52,7 @@ __all__ = [
     "plan_runs",
     "repeat_seeds",
     "run_validation",
+    "single_run",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,19 +71,47 @@ class ValidationOutcome:
     summary: ValidationSummary | None  # None: validation off, or nothing to compare
 
 
-@dataclass
-class RunResult:
-    slo_held: bool
-    capacity_scale: float | None = None
-    objective: float | None = None
-    worst_margin: float | None = None
-    p99_ttft_ms: float | None = None
-    p99_tpot_ms: float | None = None
-    overlength_rate: float | None = None
-    requests: int = 0
-    levels: int = 0
-    failure_class: str | None = None
-    violations: list[str] = field(default_factory=list)
+# what a run's measurement sets on its record (the other fields say which run it is)
+_RESULT_FIELDS = (
+    "slo_held",
+    "capacity_scale",
+    "objective",
+    "worst_margin",
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+    "overlength_rate",
+    "requests",
+    "levels",
+    "failure_class",
+    "violations",
+)
+
+
+def _measured(run: RepeatRecord, slo_held: bool, **figures: Any) -> RepeatRecord:
+    """``run`` with one measurement's results: ``slo_held`` and ``figures``, the results not
+    given at the store record's defaults (nothing measured)."""
+    which = {
+        f.name: getattr(run, f.name)
+        for f in dataclasses.fields(RepeatRecord)
+        if f.name not in _RESULT_FIELDS
+    }
+    return dataclasses.replace(RepeatRecord(**which), slo_held=slo_held, **figures)
+
+
+def single_run(cfg: StudyConfig, engine_args: Mapping[str, Any]) -> RepeatRecord:
+    """A validation run of ``engine_args`` outside the phase's plan, for a caller that draws
+    its own workload sample and runner (the benchmarks' re-measurements)."""
+    return RepeatRecord(
+        study_name=cfg.name,
+        repeat_index=0,
+        position=0,
+        trial_number=0,
+        role="candidate",
+        engine_args=dict(engine_args),
+        sample="the caller's",
+        workload_seed=cfg.workload.seed,
+        jitter_seed=cfg.seed,
+    )
 
 
 def repeat_seeds(cfg: StudyConfig, repeat: int) -> tuple[int, int]:
@@ -178,67 +204,57 @@ def plan_runs(
     return out
 
 
-def _lattice(cfg: StudyConfig) -> Lattice:
-    st = cfg.strategy
-    return Lattice(st.capacity_low, st.capacity_high, st.capacity_resolution)
-
-
 async def measure_run(
-    cfg: StudyConfig, runner: Runner, wl: Workload, engine_args: Mapping[str, Any], name: str
-) -> RunResult:
-    """One config on one workload sample with the trials' protocol, except that the
-    over-length limit is left to the pooled judgement (docs/tuning.md#7-validation): the
-    load search sees only the latency and error SLOs. Never raises for a worker failure
-    (the SLOs did not hold); stops the worker whatever happens."""
-    slo = Slo.of(cfg.slo)
-    loose = dataclasses.replace(slo, max_overlength_rate=1.0)
-    pre = cfg.telemetry.preemption_constraint
+    cfg: StudyConfig, runner: Runner, wl: Workload, run: RepeatRecord, name: str
+) -> RepeatRecord:
+    """``run`` (its config) measured on one workload sample with the trials' protocol, except
+    that the over-length limit is left to the pooled judgement (docs/tuning.md#7-validation):
+    the load search sees only the latency and error SLOs. Returns the run's record with the
+    results. Never raises for a worker failure (the SLOs did not hold); stops the worker
+    whatever happens."""
+    plan = LevelPlan.of(cfg)
+    slo = plan.slo
+    plan = dataclasses.replace(plan, slo=dataclasses.replace(slo, max_overlength_rate=1.0))
     try:
-        await runner.start(engine_args, name)
+        await runner.start(run.engine_args, name)
     except WorkerStartupError as exc:
         fc = str(exc.failure_class)
         await runner.stop()
-        return RunResult(False, failure_class=fc, violations=[f"worker failed: {fc}"])
+        return _measured(run, False, failure_class=fc, violations=[f"worker failed: {fc}"])
     try:
-        if cfg.mode == "slo-capacity":
-            return await _capacity_run(cfg, runner, wl, loose)
-        out = await runner.run_level(wl, 1.0)
-        dead = runner.failure()
-        m = out.metrics
-        ls = score_level(m, loose, latency_slos=cfg.mode != "offline", preemption_constraint=pre)
+        measured = await measure(runner, wl, plan)
+        if plan.capacity:
+            return _capacity_run(run, runner, measured)
+        (level,) = measured.levels
+        dead, m, ls = level.death, level.outcome.metrics, level.score
         held = ls.feasible and dead is None
-        return RunResult(
+        return _measured(
+            run,
             held,
-            1.0 if held else None,
-            m.output_throughput,
-            worst_slo_margin(m, slo) if cfg.mode == "fixed-rate" else None,
-            m.p99_ttft_ms,
-            m.p99_tpot_ms,
-            m.overlength_rate if m.total else None,
-            m.total,
-            1,
-            str(dead.failure_class) if dead is not None else None,
-            ls.texts,
+            capacity_scale=1.0 if held else None,
+            objective=m.output_throughput,
+            worst_margin=worst_slo_margin(m, slo) if cfg.mode == "fixed-rate" else None,
+            p99_ttft_ms=m.p99_ttft_ms,
+            p99_tpot_ms=m.p99_tpot_ms,
+            overlength_rate=m.overlength_rate if m.total else None,
+            requests=m.total,
+            levels=1,
+            failure_class=str(dead.failure_class) if dead is not None else None,
+            violations=ls.texts,
         )
     finally:
         await runner.stop()
 
 
-async def _capacity_run(cfg: StudyConfig, runner: Runner, wl: Workload, loose: Slo) -> RunResult:
-    """The lattice search on one sample under ``loose`` (no over-length limit); the
-    over-length rate is read off its first level that ran to its end (it does not depend on
-    load)."""
+def _capacity_run(run: RepeatRecord, runner: Runner, measured: Measured) -> RepeatRecord:
+    """The result of the lattice search on one sample under the loose SLOs (no over-length
+    limit); the over-length rate is read off its first level that ran to its end (it does
+    not depend on load)."""
     rate: tuple[float | None, int] = (None, 0)
-    seen: list[LevelOutcome] = []
-    res, levels = await capacity_search(
-        runner,
-        wl,
-        loose,
-        _lattice(cfg),
-        max_levels=cfg.strategy.capacity_levels,
-        preemption_constraint=cfg.telemetry.preemption_constraint,
-        on_level=seen.append,
-    )
+    seen = [lv.outcome for lv in measured.levels]
+    levels = measured.scores
+    assert measured.capacity is not None
+    res = measured.capacity
     # a level that replayed to its end: a stopped one counts only the requests it finished
     # (docs/tuning.md#10-early-stop-inside-a-level)
     full = [o for o in seen if o.stop is None] or seen
@@ -251,11 +267,18 @@ async def _capacity_run(cfg: StudyConfig, runner: Runner, wl: Workload, loose: S
         if lv.feasible and res.scale is not None and math.isclose(lv.scale, res.scale, rel_tol=1e-9)
     ]
     if dead is None and at:
-        return RunResult(
-            True, res.scale, at[0].output_throughput, None, None, None, *rate, len(levels)
+        return _measured(
+            run,
+            True,
+            capacity_scale=res.scale,
+            objective=at[0].output_throughput,
+            overlength_rate=rate[0],
+            requests=rate[1],
+            levels=len(levels),
         )
     low = min(levels, key=lambda lv: lv.scale, default=None)
-    return RunResult(
+    return _measured(
+        run,
         False,
         overlength_rate=rate[0],
         requests=rate[1],
@@ -331,31 +354,13 @@ async def run_validation(
             runner.check_prepared = None
         try:
             res = await measure_run(
-                cfg,
-                runner,
-                sample[1],
-                rec.engine_args,
-                f"validate-{rec.repeat_index}-{rec.trial_number:04d}",
+                cfg, runner, sample[1], rec, f"validate-{rec.repeat_index}-{rec.trial_number:04d}"
             )
         except BaseException:
             store.update_repeat(rec.id, state="PENDING", started_at=None)
             raise
-        store.update_repeat(
-            rec.id,
-            state="COMPLETE",
-            finished_at=datetime.now(UTC),
-            slo_held=res.slo_held,
-            capacity_scale=res.capacity_scale,
-            objective=res.objective,
-            worst_margin=res.worst_margin,
-            p99_ttft_ms=res.p99_ttft_ms,
-            p99_tpot_ms=res.p99_tpot_ms,
-            overlength_rate=res.overlength_rate,
-            requests=res.requests,
-            levels=res.levels,
-            failure_class=res.failure_class,
-            violations=res.violations,
-        )
+        results = {k: getattr(res, k) for k in _RESULT_FIELDS}
+        store.update_repeat(rec.id, state="COMPLETE", finished_at=datetime.now(UTC), **results)
         made += 1
         emit(
             ValidationRunDone(

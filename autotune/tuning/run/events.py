@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autotune.loadgen.level import LevelMetrics
-    from autotune.store import TrialRecord
+    from autotune.store import RepeatRecord, TrialRecord
     from autotune.tuning.measure.interval import ValidationSummary
-    from autotune.tuning.measure.validate import RunResult
 
 __all__ = [
     "Event",
@@ -170,7 +169,7 @@ class ValidationRunDone:
     role: str
     done: int
     planned: int
-    result: RunResult
+    result: RepeatRecord  # the run's record, its results set
     mode: str
 
 

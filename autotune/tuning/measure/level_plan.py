@@ -1,0 +1,160 @@
+"""How a configuration is measured in a study's mode, once for every caller: the plan a
+study's config sets (:class:`LevelPlan`) and the one function that runs it on a started
+runner (:func:`measure`). slo-capacity: the capacity search on the lattice
+(docs/tuning.md#1-the-capacity-lattice); fixed-rate and offline: one level at 1.0x
+(docs/method.md). Trials, validation runs, out-of-study re-measurement and the baseline's
+capacity probe all call :func:`measure`; what each adds (storage, events, its own verdict)
+it does around the call, through ``on_start`` and ``on_level``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotune.config import StudyConfig
+from autotune.failures import FailureMatch
+from autotune.loadgen.sender import ProgressSnapshot
+from autotune.loadgen.stop_rule import StopRule
+from autotune.tuning.measure.capacity import CapacityResult, CapacitySearch, Lattice
+from autotune.tuning.measure.early_stop import rule_of
+from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.runner_protocol import Runner
+from autotune.tuning.measure.scoring import LevelScore, Slo, score_level
+from autotune.workload.core import Workload
+
+__all__ = [
+    "LevelPlan",
+    "Measured",
+    "MeasuredLevel",
+    "lattice_of",
+    "measure",
+    "only_overlength",
+]
+
+# called before each level with its load scale: the progress callback for the level, if any
+OnStart = Callable[[float], Callable[[ProgressSnapshot], None] | None]
+
+
+def lattice_of(cfg: StudyConfig, resolution: float | None = None) -> Lattice:
+    """The capacity lattice of ``cfg`` (``resolution``: another step than the study's)."""
+    st = cfg.strategy
+    step = st.capacity_resolution if resolution is None else resolution
+    return Lattice(st.capacity_low, st.capacity_high, step)
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """What measuring one configuration means in a study: derived from its config once."""
+
+    capacity: bool  # slo-capacity: the lattice search; else one level at 1.0x
+    slo: Slo
+    latency_slos: bool  # offline studies judge no latency SLO (docs/method.md)
+    preemption_constraint: bool
+    lattice: Lattice
+    max_levels: int  # the capacity search's safety cap
+    early_stop: StopRule | None  # what the runner stops a level by (None: full replays)
+
+    @classmethod
+    def of(
+        cls, cfg: StudyConfig, *, resolution: float | None = None, max_levels: int | None = None
+    ) -> LevelPlan:
+        """The plan of ``cfg``'s trials; ``resolution`` and ``max_levels`` override the
+        strategy's (a stricter re-measurement, docs/tuning.md#5-re-measurement-and-ground-truth)."""
+        return cls(
+            capacity=cfg.mode == "slo-capacity",
+            slo=Slo.of(cfg.slo),
+            latency_slos=cfg.mode != "offline",
+            preemption_constraint=cfg.telemetry.preemption_constraint,
+            lattice=lattice_of(cfg, resolution),
+            max_levels=cfg.strategy.capacity_levels if max_levels is None else max_levels,
+            early_stop=rule_of(cfg),
+        )
+
+    @classmethod
+    def probe(cls, cfg: StudyConfig) -> LevelPlan:
+        """The baseline's capacity probe: a capacity search under the SLOs whatever the
+        mode, without the preemption constraint, on full replays."""
+        plan = cls.of(cfg)
+        return dataclasses.replace(
+            plan, capacity=True, latency_slos=True, preemption_constraint=False, early_stop=None
+        )
+
+
+@dataclass(frozen=True)
+class MeasuredLevel:
+    """One level as measured: its place in the run, the outcome, the verdict, and the
+    worker's death if the worker died during it."""
+
+    index: int
+    outcome: LevelOutcome
+    score: LevelScore
+    death: FailureMatch | None
+
+
+@dataclass(frozen=True)
+class Measured:
+    levels: tuple[MeasuredLevel, ...]
+    capacity: CapacityResult | None  # the search's result (None: one-level modes)
+    death: FailureMatch | None  # the worker died: the last level is the one it died in
+
+    @property
+    def scores(self) -> list[LevelScore]:
+        return [lv.score for lv in self.levels]
+
+
+async def measure(
+    runner: Runner,
+    workload: Workload,
+    plan: LevelPlan,
+    *,
+    hint: float | None = None,
+    on_start: OnStart | None = None,
+    on_level: Callable[[MeasuredLevel], None] | None = None,
+) -> Measured:
+    """Measure the configuration ``runner`` started: one level at 1.0x, or the capacity
+    search from ``hint`` (None: from the lattice's ends). ``on_level`` sees each level
+    as it is scored; the run ends at a level the worker died in, or (search) one whose
+    requests are too long for max_model_len and nothing else is wrong."""
+    lattice = plan.lattice
+    search = CapacitySearch(lattice, plan.max_levels, hint) if plan.capacity else None
+    levels: list[MeasuredLevel] = []
+    death: FailureMatch | None = None
+    while True:
+        k: int | None = None
+        if search is None:
+            if levels:
+                break
+            scale = 1.0
+        else:
+            k = search.next_index()
+            if k is None:
+                break
+            scale = lattice.scale(k)
+        progress = on_start(scale) if on_start is not None else None
+        out = await runner.run_level(workload, scale, progress=progress)
+        ls = score_level(
+            out.metrics,
+            plan.slo,
+            scale,
+            latency_slos=plan.latency_slos,
+            preemption_constraint=plan.preemption_constraint,
+        )
+        death = runner.failure()
+        level = MeasuredLevel(len(levels), out, ls, death)
+        levels.append(level)
+        if on_level is not None:
+            on_level(level)
+        if search is not None and k is not None:
+            search.record(k, ls.feasible)
+            if only_overlength(ls) or death is not None:
+                search.stop()  # no load helps: too long for max_model_len, or the worker died
+    capacity = search.result() if search is not None else None
+    return Measured(tuple(levels), capacity, death)
+
+
+def only_overlength(ls: LevelScore) -> bool:
+    """Requests too long for max_model_len and nothing else wrong: no load level helps."""
+    others = [v for k, v in ls.violations.items() if k != "overlength_rate"]
+    return ls.violations["overlength_rate"] > 0 and all(v <= 0 for v in others)
