@@ -40,7 +40,7 @@ __all__ = [
 GiB = 1024**3
 # Peak activation per batched token = ACT_COEFF * (I/tp + H) * dtype_bytes: the gated MLP's
 # gate_up output (2I) and activation output (I) plus ~3 hidden-sized buffers (residual, hidden,
-# norm output). c = 3 reproduces issue #10517 (Llama-3.1-8B: 2.07 GiB at 20 000 tokens, 2.99 at
+# norm output). c = 3 reproduces vLLM issue #10517 (Llama-3.1-8B: 2.07 GiB at 20 000 tokens, 2.99 at
 # 29 000) to 0.01 GiB: 0.1055 MiB/token vs the ~0.104 derived in
 # docs/vllm.md#2-startup-memory-accounting. The intermediate size is sharded by TP,
 # hidden-sized buffers are replicated. [derived, uncertain beyond Llama-8B]

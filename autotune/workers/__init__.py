@@ -6,7 +6,7 @@ read its KV capacity, and make sure nothing of it survives ``stop``.
 - :mod:`autotune.workers.vllm_command`: ``vllm serve`` command lines.
 - :mod:`autotune.workers.vllm`: :class:`VllmWorker`, checked by
   :mod:`autotune.workers.startup_checks` once it answers.
-- :mod:`autotune.workers.sim`: :class:`SimWorker`, the same over ``autotune sim serve``.
+- :mod:`autotune.workers.sim_worker`: :class:`SimWorker`, the same over ``autotune sim serve``.
 - :mod:`autotune.workers.logs`: startup facts and failure classification from logs.
 """
 
@@ -18,7 +18,7 @@ from autotune.workers.logs import (
     parse_cache_config_info,
     parse_startup_facts,
 )
-from autotune.workers.sim import SimWorker
+from autotune.workers.sim_worker import SimWorker
 from autotune.workers.supervisor import ProcessSupervisor, WorkerLaunchError
 from autotune.workers.vllm import VllmWorker, WorkerInfo
 from autotune.workers.vllm_command import format_command, vllm_argv

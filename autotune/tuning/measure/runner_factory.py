@@ -18,7 +18,7 @@ from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.search.plan import build_bounds
 from autotune.workers.guard import GroupRegistry
-from autotune.workers.sim import SimWorker
+from autotune.workers.sim_worker import SimWorker
 from autotune.workers.vllm import VllmWorker
 from autotune.workload.build import (
     measured_lengths_path,
