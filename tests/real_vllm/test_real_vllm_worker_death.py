@@ -80,10 +80,10 @@ async def _kill_mid_level(
     tmp_path: Path,
     victim: int,
     label: str,
-    expected: str,
+    expected: tuple[str, ...],
 ) -> dict[str, Any]:
     """One fixed-rate trial on the adopted server; ``victim`` gets SIGKILL once 3 requests
-    completed, and the trial ends with the failure class ``expected``. Returns the stored
+    completed, and the trial ends with one of the failure classes ``expected``. Returns the stored
     death record, after the common checks."""
     cfg, text = _config(label, model)
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
@@ -116,7 +116,8 @@ async def _kill_mid_level(
         assert death is not None
         TIMINGS[f"{label}: kill -> detected (s)"] = death.detected_at - killed[0]
         stored_extra = {"kill_to_detection_s": round(death.detected_at - killed[0], 4)}
-        assert out.failure_class == expected
+        assert out.failure_class in expected
+        stored_extra["failure_class"] = out.failure_class
         (trial,) = store.trials(cfg.name)
         (lvl,) = trial.levels
         assert lvl.metrics["partial"] is True and lvl.feasible is False
@@ -136,15 +137,16 @@ async def test_engine_core_killed_mid_level(
 ) -> None:
     victim = engine_core_pid(vllm_server.info.pid)
     adopted = AdoptedWorker(vllm_server.worker, vllm_server.info)
-    # the API server dies of the lost EngineCore on its own: an engine death
-    # (docs/vllm.md#10-whose-death-is-it)
+    # the API server dies of the lost EngineCore on its own; the EngineCore is not our child,
+    # so its status shows only while it is a zombie (~35 ms): the signal, when the watch read
+    # it, makes the death KILLED, else it is an engine death (docs/vllm.md#10-whose-death-is-it)
     stored = await _kill_mid_level(
-        adopted, vllm_server.model_dir, tmp_path, victim, "enginecore", "ENGINE_DEAD"
+        adopted, vllm_server.model_dir, tmp_path, victim, "enginecore", ("KILLED", "ENGINE_DEAD")
     )
     captures.note("worker_death", "engine_core", stored)
     assert stored["cause"] == "process_exit" and "EngineCore" in (stored["process"] or "")
-    # the EngineCore is not our child: its status shows only while it is a zombie (~35 ms)
     assert stored["signal"] in ("SIGKILL", None), stored
+    assert stored["failure_class"] == ("KILLED" if stored["signal"] == "SIGKILL" else "ENGINE_DEAD")
 
 
 async def test_api_server_killed_mid_level(
@@ -185,7 +187,7 @@ async def test_api_server_killed_mid_level(
         captures.note("prompt_lengths", "bench on the foreign tokenizer", lengths)
         # a SIGKILL from outside: not the configuration's doing (docs/vllm.md#10-whose-death-is-it)
         stored = await _kill_mid_level(
-            AdoptedWorker(worker, info), foreign_model, tmp_path, info.pid, "apiserver", "KILLED"
+            AdoptedWorker(worker, info), foreign_model, tmp_path, info.pid, "apiserver", ("KILLED",)
         )
         captures.note("worker_death", "api_server", stored)
         assert stored["cause"] == "leader_exit" and stored["signal"] == "SIGKILL"
