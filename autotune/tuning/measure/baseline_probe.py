@@ -27,14 +27,20 @@ async def baseline_capacity(
 ) -> float:
     """The load scale ``baseline`` sustains within the SLOs: a quick sim-virtual capacity
     search (1.0 when the simulator cannot start it)."""
+    plan = LevelPlan.probe(cfg)
     runner = VirtualRunner(
-        model, hw, model_name=cfg.model.name, static_args={}, seed=cfg.seed, jitter_cv=0.0
+        model,
+        hw,
+        model_name=cfg.model.name,
+        static_args={},
+        seed=cfg.seed,
+        jitter_cv=0.0,
+        early_stop=plan.early_stop,  # the probe's plan says: full replays
     )
     try:
         await runner.start(baseline, "capacity-probe")
     except SimStartupError:
         return 1.0
-    plan = LevelPlan.probe(cfg)
     measured = await measure(runner, wl, plan)
     res = measured.capacity
     assert res is not None  # a probe is a capacity search
