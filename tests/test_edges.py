@@ -13,7 +13,6 @@ from optuna.trial import create_trial
 
 from autotune.config import SearchConfig, StrategyConfig
 from autotune.tuning.search.edges import (
-    WIDENED_ATTR,
     apply_widenings,
     stored_widenings,
     widen_at_claim,
@@ -21,6 +20,7 @@ from autotune.tuning.search.edges import (
 )
 from autotune.tuning.search.space import SpaceBounds, suggest
 from autotune.tuning.search.strategy import sampler_for
+from autotune.tuning.study_attrs import WIDENED_KEY
 
 B = SpaceBounds(max_model_len_candidates=(4096,), mns_low=8, mns_high=128)
 INSIDE = {"max_model_len": 4096, "max_num_seqs": 48, "max_num_batched_tokens": 1024}
@@ -101,7 +101,7 @@ def test_a_coordinate_pass_widens_once_stores_it_and_steps_past_the_old_edge() -
     assert [(w.param, w.side, w.new, w.trial) for w in new] == [
         ("max_num_batched_tokens", "floor", 128, 2)
     ]
-    assert b.mnbt_low == 128 and study.user_attrs[WIDENED_ATTR][0]["new"] == 128
+    assert b.mnbt_low == 128 and study.user_attrs[WIDENED_KEY][0]["new"] == 128
     # a resumed controller reads the same bounds back, and widens nothing again
     again, none = widen_at_claim(study, B, frozen, "max_num_seqs.3", None)
     assert again == b and none == [] and len(stored_widenings(study.user_attrs)) == 1

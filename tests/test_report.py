@@ -27,9 +27,9 @@ from support.services import need_service
 from support.studies import config
 
 from autotune.profiles.flags import flag_key, flag_table
-from autotune.report.dashboard import CONSTRAINTS_KEY, constraint_order
 from autotune.report.plots import PLOT_IDS
 from autotune.store import Store, TrialRecord
+from autotune.tuning.attrs import CONSTRAINTS_KEY, constraint_order
 from autotune.tuning.measure.scoring import CONSTRAINT_NAMES
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study

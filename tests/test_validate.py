@@ -26,8 +26,9 @@ from autotune.tuning.measure import validate
 from autotune.tuning.measure.interval import summary_of
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo
-from autotune.tuning.measure.validate import VALIDATION_ATTR, run_validation
+from autotune.tuning.measure.validate import run_validation
 from autotune.tuning.run import context, controller, create, lanes
+from autotune.tuning.study_attrs import VALIDATION_KEY
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 
@@ -333,7 +334,7 @@ def test_a_study_validates_after_its_search_within_its_time_limit(
         assert first.validation_runs + second.validation_runs == 6
         assert len(study.trials) == 4  # re-measurements are not trials
         attr = optuna.load_study(study_name="t", storage=store.optuna_storage()).user_attrs[
-            VALIDATION_ATTR
+            VALIDATION_KEY
         ]
         assert (
             attr["complete"] and attr["runs_done"] == 6 and attr["verdict"] in ("recommend", "keep")

@@ -26,7 +26,6 @@ from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 from autotune.store.optuna_ids import trial_id
 
 # the dashboard's name for the constraints' list, as tests and older callers import it
-from autotune.tuning.attrs import CONSTRAINTS_KEY as CONSTRAINTS_KEY
 from autotune.tuning.attrs import constraint_names, constraint_order, set_metric_name
 from autotune.tuning.run.context import RunHooks
 

@@ -39,12 +39,10 @@ from autotune.tuning.run.events import (
     ValidationRunStart,
     ValidationStart,
 )
-from autotune.tuning.study_attrs import VALIDATION_KEY as VALIDATION_ATTR  # the study attribute
 from autotune.workload.build import sample_description, workload_sample
 from autotune.workload.core import Workload
 
 __all__ = [
-    "VALIDATION_ATTR",
     "ValidationOutcome",
     "candidates_of",
     "measure_run",

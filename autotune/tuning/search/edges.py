@@ -9,9 +9,10 @@ point's value, stop at the edge. So when a coordinate pass is about to start a t
 best feasible trial sits within :data:`NEAR` of an edge the user did not set, that edge moves
 out by :data:`FACTOR`, once per edge, and the passes can step past it.
 
-A widening is stored with the study (the attribute :data:`WIDENED_ATTR`, written under the
-claim lock), and every controller applies the stored widenings to the stored bounds, so a
-resumed study and parallel controllers search the same space. The decision itself is pure
+A widening is stored with the study (the attribute
+:data:`~autotune.tuning.study_attrs.WIDENED_KEY`, written under the claim lock), and every
+controller applies the stored widenings to the stored bounds, so a resumed study and parallel
+controllers search the same space. The decision itself is pure
 (:func:`widenings`); :func:`widen_at_claim` is the glue that reads and writes the attribute.
 """
 
@@ -30,13 +31,11 @@ from autotune.tuning.attrs import engine_value
 from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds
 from autotune.tuning.search.stages import CONCURRENCY, stage_param
 from autotune.tuning.search.strategy import best_trial
-from autotune.tuning.study_attrs import WIDENED_KEY as WIDENED_ATTR  # the study attribute
 from autotune.tuning.study_attrs import read_widenings, write_widenings
 
 __all__ = [
     "FACTOR",
     "NEAR",
-    "WIDENED_ATTR",
     "Widening",
     "apply_widenings",
     "stored_widenings",

@@ -42,13 +42,11 @@ from autotune.tuning.attrs import (
     stage_of,
 )
 from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds
-from autotune.tuning.study_attrs import SCREENING_KEY as SCREENING_ATTR  # the study attribute
 
 __all__ = [
     "CONCURRENCY",
     "FLAT",
     "KV_NOT_BOTTLENECK",
-    "SCREENING_ATTR",
     "TOP_TIE",
     "MemoryEvidence",
     "Stage",
