@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
-from support.studies import config
+from support.studies import BASE, config
 
 from autotune.config import StrategyConfig
 from autotune.errors import ConfigError
@@ -168,7 +169,7 @@ def test_line_search_never_repeats_and_closes_in_on_a_single_peak(
     peak: float, budget: int, start: int
 ) -> None:
     def f(x: float) -> float:
-        return -abs(np.log(x) - np.log(peak))
+        return float(-abs(np.log(x) - np.log(peak)))
 
     pts: list[tuple[float, float | None]] = [(float(start), f(start))]
     for _ in range(budget):
@@ -380,3 +381,59 @@ def test_a_coordinate_pass_polishes_beside_the_best_point() -> None:
         trials.append(_full(n, "max_num_seqs.2", 0.95, v, 120.0))
     # the first two map the range's middle quarters: 64 x 2^(+-1/4) (54 and 76)
     assert sorted(seen[:2]) == [54, 76]
+
+
+# -- a KV cache fixed in bytes: the memory stage cannot change anything ------------------------
+
+
+def test_a_kv_size_fixed_in_bytes_gives_the_memory_stage_no_trial() -> None:
+    fixed = replace(B, kv_cache_memory_bytes="2147483648")
+    base = _full(0, "baseline", 0.9, 64, 100.0)  # its telemetry: memory under pressure
+    assert {s.name: s.budget for s in stage_plan([base], ST, B)}["gpu_memory_utilization"] == 4
+    plan = {s.name: s for s in stage_plan([base], ST, fixed)}
+    mem = plan["gpu_memory_utilization"]
+    assert mem.budget == 0
+    assert mem.why.startswith("skipped: worker.static_args.kv_cache_memory_bytes 2147483648")
+    # the stage's trials went to the concurrency passes: the study's size is unchanged
+    assert sum(s.budget for s in plan.values()) == 30 - 1
+    # known before the baseline has run: never provisional
+    running = _trial(0, {"label": "baseline"})
+    running.state, running.value = TrialState.RUNNING, None
+    early = {s.name: s.budget for s in stage_plan([running], ST, fixed)}
+    assert early["gpu_memory_utilization"] == 0
+
+
+def test_a_sim_study_with_a_fixed_kv_size_runs_no_memory_trial(tmp_path: Path) -> None:
+    # 1 GiB of KV for Llama-3.1-8B (8k tokens); the same study without the fixed size plans
+    # the memory stage's trials until its baseline says otherwise
+    # baseline, max_model_len 1, then memory 2 or max_num_seqs 2: 4 trials tell them apart
+    strategy = {
+        "n_trials": 4,
+        "trials_per_stage": 2,
+        "joint_refinement": 1,
+        "capacity_levels": 3,
+        "validate": {"enabled": False},
+    }
+    kv = {"kind": "sim-virtual", "static_args": {"kv_cache_memory_bytes": 2**30}}
+    workload = {**BASE["workload"], "num_prompts": 60}
+    free, free_text = config(strategy=strategy, workload=workload)
+    cfg, text = config(strategy=strategy, worker=kv, workload=workload)
+    with Store.open(f"sqlite:///{tmp_path / 'free.db'}") as store:
+        create_study(free, free_text, store)
+        assert any("gpu_memory_utilization 2 (provisional)" in ln for ln in study_plan(store, "t"))
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        create_study(cfg, text, store)
+        [line] = [ln for ln in study_plan(store, "t") if ln.startswith("stages")]
+        assert "gpu_memory_utilization 0 (skipped: worker.static_args.kv_cache_memory_bytes" in line
+        run_study("t", store)
+        trials = store.trials("t")
+        study = optuna.load_study(study_name="t", storage=store.optuna_storage())
+    assert len(trials) == 4
+    assert "gpu_memory_utilization" not in {t.stage for t in trials}
+    # every trial ran at the baseline's fraction: the stages never moved it
+    assert {t.engine_args["gpu_memory_utilization"] for t in trials} == {0.9}
+    # the simulator honoured the fixed size: every launch, whatever its max_num_seqs and
+    # token budget, had 1 GiB of KV, 8192 tokens at Llama-3.1-8B's 128 KiB per token
+    assert {t.kv_cache_tokens for t in trials} == {8192}
+    assert len({t.engine_args["max_num_seqs"] for t in trials}) > 1
+    assert study.user_attrs["autotune.bounds"].count('"kv_cache_memory_bytes": "1073741824"') == 1

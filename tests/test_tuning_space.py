@@ -1,17 +1,21 @@
-"""Search space and scoring: pure logic on tiny in-memory inputs."""
+"""Search space and scoring: pure logic on tiny in-memory inputs, and the ranges `create` stores."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from autotune.config import parse_config
 from autotune.loadgen.level import LevelMetrics
+from autotune.store import Store
 from autotune.tuning.measure.scoring import (
     LevelScore,
     Slo,
@@ -19,6 +23,8 @@ from autotune.tuning.measure.scoring import (
     score_level,
     score_trial,
 )
+from autotune.tuning.run.create import create_study
+from autotune.tuning.search.plan import cover_baseline
 from autotune.tuning.search.space import (
     MNBT_PARAM,
     PARAM_ORDER,
@@ -28,6 +34,7 @@ from autotune.tuning.search.space import (
     mnbt_range,
     suggest,
 )
+from autotune.tuning.study_attrs import read_header
 
 
 class FakeTrial:
@@ -218,3 +225,108 @@ def test_score_trial_takes_the_highest_feasible_load() -> None:
     assert not none.feasible and none.objective == 0.0 and none.constraints == {"a": 0.2}
     f = failed_trial_score()
     assert f.objective == 0 and all(v > 0 for v in f.constraints.values())
+
+
+# -- ranges that contain the baseline (docs/tuning.md#8-the-staged-plan) ----------------------
+
+_TINY_4GB: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"name": "autotune/tiny-llama"},
+    "hardware": "test-4GB",
+    "workload": {
+        "source": "synthetic",
+        "num_prompts": 100,
+        "input_len": 128,
+        "output_len": 64,
+        "arrival": "poisson",
+        "rate": 10,
+        "seed": 0,
+    },
+    "slo": {"p99_ttft_ms": 500, "p99_tpot_ms": 50},
+    "strategy": {"capacity_levels": 4, "validate": {"enabled": False}},
+}
+_RANGES = {
+    "gpu_memory_utilization": ("util_low", "util_high"),
+    "max_num_seqs": ("mns_low", "mns_high"),
+    "max_num_batched_tokens": ("mnbt_low", "mnbt_high"),
+}
+
+
+def _created(tmp_path: Path, **over: Any) -> tuple[SpaceBounds, dict[str, Any], list[str]]:
+    """Create the study ``over`` makes of the tiny test-4GB config; its stored bounds,
+    baseline and ``create``'s notes."""
+    d = {**_TINY_4GB, **over}
+    text = yaml.safe_dump(d)
+    cfg = parse_config(text, "tiny.yaml")
+    with Store.open(f"sqlite:///{tmp_path / 'c.db'}") as store:
+        rec = create_study(cfg, text, store)
+        study = optuna.load_study(study_name="tiny", storage=store.optuna_storage())
+        header = read_header(study)
+    return header.bounds, dict(header.baseline), list(rec.workload_profile.get("notes", []))
+
+
+def _contains(b: SpaceBounds, baseline: dict[str, Any], param: str) -> bool:
+    lo, hi = (getattr(b, a) for a in _RANGES[param])
+    return bool(lo <= baseline[param] <= hi)
+
+
+def test_a_real_workers_default_ranges_contain_the_baseline_on_test_4gb(tmp_path: Path) -> None:
+    # the issue's case: vLLM's defaults on test-4GB run max_num_seqs 256 while the peak
+    # concurrency the simulator estimates for the synthetic profile set the range to 8..16
+    b, base, notes = _created(tmp_path, worker={"kind": "vllm"})
+    assert base["max_num_seqs"] == 256
+    for param in _RANGES:
+        assert _contains(b, base, param), (param, b, base)
+    assert base["max_model_len"] in b.max_model_len_candidates
+    assert b.mns_low == 8 and b.mns_high == 256  # extended to the baseline, no further
+    assert notes == []
+
+
+def test_a_simulated_workers_peak_cap_is_kept_and_said(tmp_path: Path) -> None:
+    # the simulator serves the trials: the engine never holds more than the peak it
+    # simulated, so the values up to the baseline's 256 act as the ceiling does
+    b, base, notes = _created(tmp_path, worker={"kind": "sim-virtual"})
+    assert b.mns_high == 16 and not _contains(b, base, "max_num_seqs")
+    assert _contains(b, base, "gpu_memory_utilization")
+    assert _contains(b, base, "max_num_batched_tokens")
+    [note] = notes
+    assert note.startswith("max_num_seqs 8..16 excludes the baseline's 256: the engine held")
+    assert "does not bind" in note
+
+
+def test_an_explicit_range_that_excludes_the_baseline_is_kept_with_a_note(tmp_path: Path) -> None:
+    search = {"max_num_seqs": {"low": 8, "high": 16}, "max_num_batched_tokens": {"low": 4096}}
+    b, _, notes = _created(tmp_path, worker={"kind": "vllm"}, search=search)
+    assert (b.mns_low, b.mns_high, b.mnbt_low) == (8, 16, 4096)  # the user's, untouched
+    assert notes == [
+        "search.max_num_seqs 8..16, set in the config, excludes the baseline's 256: the "
+        "baseline still runs at 256; the max_num_seqs stages search 8..16 only",
+        "search.max_num_batched_tokens 4096..65536, set in the config, excludes the "
+        "baseline's 2048: the baseline still runs at 2048; the max_num_batched_tokens stages "
+        "search 4096..65536 only",
+    ]
+
+
+@given(
+    util=st.sampled_from([0.5, 0.85, 0.99]),
+    mns=st.sampled_from([4, 64, 2048]),
+    mnbt=st.sampled_from([64, 2048, 131072]),
+    kind=st.sampled_from(["vllm", "sim-virtual"]),
+    peak=st.sampled_from([0, 5, 300]),
+)
+def test_every_range_contains_the_baseline_or_a_note_names_it(
+    util: float, mns: int, mnbt: int, kind: str, peak: int
+) -> None:
+    cfg = parse_config(yaml.safe_dump({**_TINY_4GB, "worker": {"kind": kind}}), "t.yaml")
+    b = SpaceBounds((512,), mns_high=max(16, 2 * peak) if peak else 1024)
+    base = {"gpu_memory_utilization": util, "max_num_seqs": mns, "max_num_batched_tokens": mnbt}
+    out, notes = cover_baseline(b, base, cfg, peak)
+    for param in _RANGES:
+        named = [n for n in notes if n.startswith(param)]
+        assert _contains(out, base, param) != bool(named), (param, out, notes)
+    # only a max_num_seqs ceiling a simulated worker's peak sets stays below the baseline
+    assert all(n.startswith("max_num_seqs") for n in notes)
+    assert bool(notes) == (kind == "sim-virtual" and peak > 0 and mns > b.mns_high)
+    # a range is only ever widened, never narrowed
+    assert out.mns_low <= b.mns_low and out.mns_high >= b.mns_high
+    assert out.util_low <= b.util_low and out.util_high >= b.util_high

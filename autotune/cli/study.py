@@ -145,6 +145,8 @@ def create(
             console().print(f"workload: {escape(prof['dropped_rows'])}", highlight=False)
         for line in prof.get("warnings", []):
             _warn(line)
+        for line in prof.get("notes", []):  # a search range that excludes the baseline
+            console().print(f"note: {escape(line)}", highlight=False)
         for line in study_plan(store, rec.name):
             console().print(f"plan: {escape(line)}", highlight=False)
         if run:

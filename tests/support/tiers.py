@@ -139,6 +139,7 @@ SLOW: tuple[str, ...] = (
     "tests/test_sizing.py::test_the_limit_refuses_and_the_flag_overrides",
     "tests/test_stages.py::test_candidates_that_break_the_overlength_limit_are_never_launched",
     "tests/test_stages.py::test_fixed_rate_study_recommends_the_widest_margin",
+    "tests/test_stages.py::test_a_sim_study_with_a_fixed_kv_size_runs_no_memory_trial",
     "tests/test_stopped_levels.py::test_a_stopped_level_reports_a_rate_violation_only_when_the_requests_sent_make_it_certain",
     "tests/test_store_schema.py::test_shares_a_database_with_optuna",
     "tests/test_study.py::test_a_trial_a_killed_run_left_running_is_failed_and_retried_at_the_next_start",

@@ -19,6 +19,7 @@ from autotune.tuning.measure.baseline_probe import baseline_capacity
 from autotune.tuning.search.plan import (
     baseline_engine_args,
     build_bounds,
+    cover_baseline,
     estimate_peak_concurrency,
     longest_candidate_warning,
     model_of,
@@ -84,7 +85,8 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     peak = cfg.workload.peak_concurrency or estimate_peak_concurrency(
         model, hw, wl, base_mml, scale
     )
-    bounds = build_bounds(cfg, model, prof, peak)
+    # every default range reaches the baseline's value, or a note says why not
+    bounds, range_notes = cover_baseline(build_bounds(cfg, model, prof, peak), baseline, cfg, peak)
     # Before any launch: candidates whose over-length rate on this workload breaks the limit
     # would fail at every load; they are dropped here, and none left is a config error.
     screening = screen_max_model_len(
@@ -115,6 +117,8 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     )
     if tail is not None:
         profile["warnings"] = [tail]
+    if range_notes:
+        profile["notes"] = range_notes
     header = study_attrs.StudyHeader(bounds, baseline, prof.fingerprint, screening.to_dict())
     return store_study(store, cfg, config_yaml, header, configs, profile)
 

@@ -4,12 +4,13 @@ plus one quick in-process simulation to estimate peak concurrency when it is not
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from autotune.config import ModelConfig, RangeSpec, StudyConfig
 from autotune.errors import ConfigError, SimStartupError
+from autotune.profiles.flags import flag_key
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.sim import EngineArgs, sim_requests, simulate
@@ -22,7 +23,9 @@ __all__ = [
     "Screening",
     "baseline_engine_args",
     "build_bounds",
+    "cover_baseline",
     "estimate_peak_concurrency",
+    "fixed_kv_bytes",
     "longest_candidate_warning",
     "model_of",
     "overlength_rate",
@@ -139,9 +142,98 @@ def build_bounds(
             mnbt_high=int(mnbt_hi),
             enable_chunked_prefill=bool(static.get("enable_chunked_prefill", True)),
             extras=extras,
+            kv_cache_memory_bytes=fixed_kv_bytes(static),
         )
     except ValueError as exc:
         raise ConfigError(f"search: {exc}", field=("search",)) from exc
+
+
+def fixed_kv_bytes(static_args: Mapping[str, Any]) -> str | None:
+    """``kv_cache_memory_bytes`` as ``worker.static_args`` writes it (any spelling of the
+    flag) when it fixes the KV cache's size, else None. vLLM then gives the KV cache exactly
+    those bytes and skips the profiling that the utilization fraction feeds; the fraction only
+    sets how much free memory the start demands
+    (docs/vllm.md#13-what-the-memory-utilization-fraction-means). vLLM tests the value's
+    truth: 0 means unset."""
+    for key, value in static_args.items():
+        if flag_key(key) == "kv_cache_memory_bytes" and value not in (None, False, 0, "0", ""):
+            return str(value)
+    return None
+
+
+# the workers that serve trials with the simulator create estimates the peak with
+SIM_WORKERS = ("sim-virtual", "sim")
+
+
+def _peak_source(cfg: StudyConfig) -> tuple[str, bool]:
+    """Where ``create``'s peak concurrency comes from, and whether it holds for the study's
+    worker: a simulated peak is the simulator's own figure, exact for a simulated worker but
+    only an estimate of a real server (the hardware profile may be far from it)."""
+    if cfg.workload.peak_concurrency:
+        return "as workload.peak_concurrency says", True
+    if cfg.workload.arrival == "closed":
+        return "the closed loop's concurrency", True
+    at = "the baseline's capacity" if cfg.mode == "slo-capacity" else "the workload's rate"
+    return f"simulated at {at}", cfg.worker.kind in SIM_WORKERS
+
+
+def _fmt(v: float) -> str:
+    return f"{v:g}"
+
+
+def cover_baseline(
+    b: SpaceBounds, baseline: Mapping[str, Any], cfg: StudyConfig, peak: int
+) -> tuple[SpaceBounds, list[str]]:
+    """The bounds with every default range reaching the baseline's value, and a note for
+    each range that still excludes it (docs/tuning.md#8-the-staged-plan):
+
+    - a range the config sets (``search.<param>.low``/``high``) is the user's: kept, noted;
+    - the default ``max_num_seqs`` ceiling, when a peak concurrency that holds for this
+      worker sets it (:func:`_peak_source`), is kept and noted: the engine never held more
+      than ``peak`` requests, so every value above the ceiling acts as the ceiling does and
+      trials there would be wasted (an edge the best trial reaches widens,
+      ``autotune/tuning/search/edges.py``);
+    - any other default range is extended to the baseline's value.
+
+    ``max_model_len`` needs nothing: the baseline's is the longest candidate."""
+    s = cfg.search
+    where, holds = _peak_source(cfg)
+    notes: list[str] = []
+    ranges = {
+        "gpu_memory_utilization": (s.gpu_memory_utilization, b.util_low, b.util_high),
+        "max_num_seqs": (s.max_num_seqs, b.mns_low, b.mns_high),
+        "max_num_batched_tokens": (s.max_num_batched_tokens, b.mnbt_low, b.mnbt_high),
+    }
+    out: dict[str, tuple[float, float]] = {}
+    for param, (spec, lo, hi) in ranges.items():
+        v = float(baseline[param])
+        rng = f"{_fmt(lo)}..{_fmt(hi)}"
+        mine = (v < lo and spec.low is not None) or (v > hi and spec.high is not None)
+        if mine:
+            notes.append(
+                f"search.{param} {rng}, set in the config, excludes the baseline's {_fmt(v)}: "
+                f"the baseline still runs at {_fmt(v)}; the {param} stages search {rng} only"
+            )
+        elif v > hi and param == "max_num_seqs" and peak and holds:
+            notes.append(
+                f"max_num_seqs {rng} excludes the baseline's {_fmt(v)}: the engine held at "
+                f"most {peak} requests ({where}), so above {_fmt(hi)} max_num_seqs does not "
+                f"bind and acts as {_fmt(hi)} does; the baseline still runs at {_fmt(v)}, and "
+                "the ceiling moves out if the best trial reaches it"
+            )
+        else:
+            lo, hi = min(lo, v), max(hi, v)
+        out[param] = (lo, hi)
+    covered = replace(
+        b,
+        util_low=out["gpu_memory_utilization"][0],
+        util_high=out["gpu_memory_utilization"][1],
+        mns_low=int(out["max_num_seqs"][0]),
+        mns_high=int(out["max_num_seqs"][1]),
+        mnbt_low=int(out["max_num_batched_tokens"][0]),
+        mnbt_high=int(out["max_num_batched_tokens"][1]),
+    )
+    return covered, notes
 
 
 def overlength_rate(max_model_len: int, prompt: Sequence[int], output: Sequence[int]) -> float:

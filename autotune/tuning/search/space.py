@@ -66,6 +66,10 @@ class SpaceBounds:
     mnbt_high: int = 65536
     enable_chunked_prefill: bool = True
     extras: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    # worker.static_args.kv_cache_memory_bytes as the config writes it, when it fixes the KV
+    # cache's size: gpu_memory_utilization then sizes nothing and its stage gets no trial
+    # (docs/tuning.md#8-the-staged-plan); None: the fraction sizes the KV cache
+    kv_cache_memory_bytes: str | None = None
 
     def __post_init__(self) -> None:
         if not self.max_model_len_candidates:

@@ -8,8 +8,9 @@ cannot use its trials gives them to the stages the baseline's diagnosis points a
 
 - ``max_model_len`` tries each candidate other than the baseline's (the over-length screening
   at ``create`` has already dropped those that break the limit);
-- ``gpu_memory_utilization`` gets no trial when the baseline shows that memory is not the
-  bottleneck: KV usage below :data:`KV_NOT_BOTTLENECK` at every level it replayed and no
+- ``gpu_memory_utilization`` gets no trial when ``kv_cache_memory_bytes`` fixes the KV
+  cache's size (the fraction then sizes nothing), nor when the baseline shows that memory is
+  not the bottleneck: KV usage below :data:`KV_NOT_BOTTLENECK` at every level it replayed and no
   preemption. More memory only buys KV blocks, and a cache that never filled has blocks to
   spare; the trials go where the bottleneck is. When memory is the bottleneck the stage tries
   the top of the range first and closes after it when it is best (:func:`_top_best`);
@@ -278,6 +279,15 @@ def stage_plan(
             )
             out.append(Stage(p, n, why))
             saved += tps - n
+        elif p == "gpu_memory_utilization" and b.kv_cache_memory_bytes is not None:
+            # the KV cache's size is fixed in bytes: the fraction sizes nothing, so no trial
+            # is spent on it, before or after the baseline (docs/tuning.md#8-the-staged-plan)
+            why = (
+                f"skipped: worker.static_args.kv_cache_memory_bytes {b.kv_cache_memory_bytes} "
+                "fixes the KV cache's size, so gpu_memory_utilization changes nothing"
+            )
+            out.append(Stage(p, 0, why))
+            saved += tps
         elif p == "gpu_memory_utilization":
             verdict, why = memory_verdict(ev) if ev is not None else (None, "provisional")
             n = 0 if verdict is False else tps
