@@ -12,6 +12,8 @@ CLI catches exactly one type, prints one line and exits with the class's ``exit_
      ├── StorageError           1   the database answered, but the operation failed
      ├── MissingExtraError      1   an optional feature's packages are not installed; the
      │                              message names the extra (``pip install 'autotune[report]'``)
+     ├── ClientLimitError       1   the load generator's host could not drive a level's load,
+     │                              twice (docs/loadgen.md#5-client-limited-levels)
      ├── NotFoundError          4   no such study, or no feasible trial to recommend
      ├── BusyError              6   another run holds the lock: a nightly job for the same
      │                              deployment, or another active scheduler
@@ -33,6 +35,7 @@ from autotune.failures import FailureClass
 __all__ = [
     "AutotuneError",
     "BusyError",
+    "ClientLimitError",
     "ConfigError",
     "DatabaseLostError",
     "MissingExtraError",
@@ -105,6 +108,13 @@ class MissingExtraError(AutotuneError):
             f"{what} needs {module}, which is not installed: pip install 'autotune[{extra}]'"
         )
         self.extra = extra
+
+
+class ClientLimitError(AutotuneError):
+    """The host running the load generator could not drive a level's load, on the level and
+    on its re-run: the figures would measure the client, not the server. Not a
+    :class:`ServiceError`: the server answered; the fix is on this side (a lower load, a
+    bigger host)."""
 
 
 class WorkerStartupError(AutotuneError):

@@ -30,6 +30,7 @@ EXPECTED = {
     errors.SimStartupError: 1,
     errors.StorageError: 1,
     errors.MissingExtraError: 1,
+    errors.ClientLimitError: 1,
     errors.NotFoundError: 4,
     errors.BusyError: 6,
     errors.ServiceError: 5,

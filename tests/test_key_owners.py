@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # a stored level's metrics: the keys autotune adds to the bench summary, and their owners
 _OUTCOME = "autotune/tuning/measure/outcome.py"
 _STOP = "autotune/loadgen/stopped.py"
+_CLIENT = "autotune/loadgen/client_limit.py"
 LEVEL_KEYS: dict[str, tuple[str, ...]] = {
     "early_stop": (_STOP,),
+    "client_limit": (_CLIENT,),
     # also two fields of the stored stop itself (the dict under "early_stop"), owned there
     "replay_s": (_OUTCOME, _STOP),
     "planned_requests": (_OUTCOME, _STOP),

@@ -171,6 +171,8 @@ def bench(
             )
         )
     print(format_result(outcome.result.summary))
+    if (warning := outcome.client_warning()) is not None:
+        print(warning)
     if save_result is not None:
         try:
             save_result.write_text(

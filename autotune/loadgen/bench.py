@@ -14,6 +14,7 @@ from autotune.config import WorkloadConfig
 from autotune.errors import AutotuneError, ServiceError
 from autotune.loadgen.bench_stats import error_kind
 from autotune.loadgen.client import make_session
+from autotune.loadgen.client_limit import ClientLimit, check
 from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.payload import Endpoint
 from autotune.loadgen.probe import ServerInfo, probe_server
@@ -41,6 +42,8 @@ class BenchOutcome:
         out = dict(self.result.summary)
         if self.result.early_stop is not None:
             out.update(self.result.early_stop.stored())
+        if (limit := self.client_limit) is not None:
+            out.update(limit.stored())
         out.update(
             model_id=self.server.model_id,
             server_version=self.server.version,
@@ -52,6 +55,22 @@ class BenchOutcome:
         if detailed:
             out["requests"] = [asdict(r) | {"tpot": r.tpot} for r in self.result.records]
         return out
+
+    @property
+    def client_limit(self) -> ClientLimit | None:
+        """The bound the client passed when it could not drive the load (None: it could),
+        as a study's level reads it (docs/loadgen.md#5-client-limited-levels)."""
+        return check(self.result.summary)
+
+    def client_warning(self) -> str | None:
+        """One warning line when the client could not drive the load, else None."""
+        limit = self.client_limit
+        if limit is None:
+            return None
+        return (
+            f"warning: {limit.text}: this host could not drive the load, so these figures "
+            "are the client's, not the server's"
+        )
 
     def failure(self) -> AutotuneError | None:
         """The error to exit with when no request succeeded (None otherwise): one line with

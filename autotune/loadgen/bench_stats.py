@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from autotune.loadgen.level import error_rate, overlength_rate
 __all__ = [
     "DEFAULT_PERCENTILES",
     "GOODPUT_METRICS",
+    "ClientLoop",
     "RequestRecord",
     "error_kind",
     "length_warning",
@@ -40,6 +41,9 @@ DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
 # average (token-weighted), earn a warning: the run does not measure the intended workload.
 LENGTH_TOLERANCE = 0.02
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput accepts, values in ms
+# How a client sent a run: on arrival times with no concurrency cap ("open"), on arrival
+# times within a ``max_concurrency`` cap ("open-capped"), or on free slots ("closed").
+ClientLoop = Literal["open", "open-capped", "closed"]
 
 
 @dataclass(slots=True)
@@ -163,13 +167,16 @@ def summarize(
     goodput_slos: dict[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     time_scale: float = 1.0,
+    client_loop: ClientLoop | None = None,
 ) -> dict[str, Any]:
     """``vllm bench serve``'s result keys (same names and units) plus autotune's extras.
 
     ``duration`` is engine seconds of the measured phase; ``goodput_slos`` maps ``ttft``,
     ``tpot``, ``e2el`` to limits in ms (``request_goodput`` is None without it, as in
     vLLM). ``time_scale`` is only reported: records are already in engine seconds.
-    Warm-up records are ignored entirely.
+    ``client_loop``: how a client sent the records (None: no client, the in-process
+    simulator); with it the summary holds what :func:`autotune.loadgen.client_limit.check`
+    reads. Warm-up records are ignored entirely.
     """
     for p in percentiles:
         if not 0 <= p <= 100:
@@ -248,6 +255,14 @@ def summarize(
             "time_scale": time_scale,
         }
     )
+    if client_loop is not None:
+        # what the client-limit check reads (docs/loadgen.md#5-client-limited-levels)
+        planned = sorted(r.scheduled_at for r in sent)
+        out["client_loop"] = client_loop
+        out["mean_arrival_gap_ms"] = (
+            (planned[-1] - planned[0]) / (len(planned) - 1) * 1000.0 if len(planned) > 1 else None
+        )
+        out["itl_gaps"] = len(series["itl"])
     return out
 
 

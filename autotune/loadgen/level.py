@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.loadgen.client_limit import ClientLimit, check
 from autotune.loadgen.stopped import StopInfo
 
 __all__ = ["LevelMetrics", "error_rate", "overlength_rate"]
@@ -56,6 +57,11 @@ class LevelMetrics:
     docs/tuning.md#10-early-stop-inside-a-level). It lives here rather than on the runner's
     level outcome because scoring and the live progress line read it from the metrics alone,
     before any outcome exists; the outcome reads it from here.
+
+    ``client_limit`` says the client could not drive the level (None: it could, or no client
+    sent it, as in the in-process simulator): its figures are then the client's and no
+    verdict rests on them (docs/loadgen.md#5-client-limited-levels). :meth:`from_summary`
+    reads it from the summary's figures, so every runner with a client gets it.
     """
 
     completed: int
@@ -74,6 +80,7 @@ class LevelMetrics:
     # feasible; docs/vllm.md#9-worker-death); the runner's level outcome holds the death
     partial: bool = False
     stop: StopInfo | None = None
+    client_limit: ClientLimit | None = None
     summary: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -104,7 +111,7 @@ class LevelMetrics:
     @classmethod
     def from_summary(cls, s: Mapping[str, Any], stop: StopInfo | None = None) -> LevelMetrics:
         """Read :func:`autotune.loadgen.bench_stats.summarize`'s result (vLLM's key names), of a
-        level that ``stop`` ended (None: it ran to its end)."""
+        level that ``stop`` ended (None: it ran to its end), with its client-limit check."""
         pre = s.get("num_preemptions")
         return cls(
             completed=int(s.get("completed") or 0),
@@ -120,6 +127,7 @@ class LevelMetrics:
             goodput=_opt_float(s.get("request_goodput")),
             num_preemptions=_opt_float(pre),
             stop=stop,
+            client_limit=check(s),
             summary=dict(s),
         )
 

@@ -26,7 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.loadgen.bench_stats import RequestRecord, length_warning, summarize, windowed
+from autotune.loadgen.bench_stats import (
+    ClientLoop,
+    RequestRecord,
+    length_warning,
+    summarize,
+    windowed,
+)
 from autotune.loadgen.client import make_session
 from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.probe import ServerInfo, probe_server
@@ -141,6 +147,7 @@ async def run_load(
         goodput_slos=o.goodput_slos,
         percentiles=o.percentiles,
         time_scale=o.time_scale,
+        client_loop=_loop(requests, o.max_concurrency),
     )
     if (warning := length_warning(summary)) is not None:
         log.warning("%s", warning)
@@ -159,6 +166,14 @@ async def run_load(
         early_stop=ended,
         wall_s=wall,
     )
+
+
+def _loop(requests: Sequence[RequestSpec], max_concurrency: int | None) -> ClientLoop:
+    """How the requests were sent: the send lag is the client's alone only in an open loop
+    without a concurrency cap (docs/loadgen.md#5-client-limited-levels)."""
+    if all(q.arrival is None for q in requests):
+        return "closed"
+    return "open" if max_concurrency is None else "open-capped"
 
 
 def _stopped(

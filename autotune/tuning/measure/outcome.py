@@ -6,7 +6,8 @@ worker died under load, a :class:`LevelDeath` (docs/vllm.md#9-worker-death). Thi
 the one place that turns them into the stored :class:`~autotune.store.LevelRecord`
 (:func:`level_record`), and it owns the stored keys of the replayed seconds
 (:func:`replay_seconds`) and of the death (:meth:`LevelDeath.stored_metrics`); the early stop's
-key is :class:`~autotune.loadgen.stopped.StopInfo`'s.
+key is :class:`~autotune.loadgen.stopped.StopInfo`'s, the client-limit mark's
+:class:`~autotune.loadgen.client_limit.ClientLimit`'s.
 """
 
 from __future__ import annotations
@@ -108,13 +109,16 @@ class LevelOutcome:
 def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
     """The stored form of one level: the typed metrics' fields as columns, the violations in
     words, and as the ``metrics`` JSON the full summary with the replayed seconds, the early
-    stop and the worker's death, each in the shape its owner reads back."""
+    stop, the client-limit mark and the worker's death, each in the shape its owner reads
+    back."""
     m = out.metrics
     stored = m.to_dict()
     if out.replay_s is not None:
         stored[_REPLAY_S] = out.replay_s
     if m.stop is not None:
         stored.update(m.stop.stored())
+    if m.client_limit is not None:
+        stored.update(m.client_limit.stored())
     if out.death is not None:
         stored.update(out.death.stored_metrics())
     return LevelRecord(

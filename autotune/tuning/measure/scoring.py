@@ -10,10 +10,13 @@ learn the region is infeasible (a FAIL is ignored).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from autotune.loadgen.client_limit import BOUNDS as CLIENT_BOUNDS
+from autotune.loadgen.client_limit import ClientLimit, describe
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.stop_rule import StopRule
 from autotune.loadgen.stopped import StopInfo, certain_rate
@@ -93,6 +96,8 @@ def format_violation(v: Violation) -> str:
     """E.g. ``p99 TPOT 58 ms > 50 ms``, ``over-length 1.9 % > 1 %``; a lower bound (a stopped
     level's) reads ``p99 TTFT ≥ 3,117 ms > 3,000 ms``."""
     lim = v.limit
+    if v.name in CLIENT_BOUNDS and v.value is not None:  # worded by its owner
+        return f"client-limited: {describe(v.name, v.value, lim)}"
     if v.name == "completed":
         return "no request completed"
     if v.value is None:
@@ -119,6 +124,9 @@ class LevelScore:
     feasible: bool
     output_throughput: float
     broken: tuple[Violation, ...] = ()  # what made the level infeasible, in words
+    # the client could not drive the level: never feasible, and no verdict rests on it
+    # (score_trial and the capacity search skip it; docs/loadgen.md#5-client-limited-levels)
+    client_limit: ClientLimit | None = None
 
     @property
     def texts(self) -> list[str]:
@@ -185,7 +193,11 @@ def score_level(
         # words say only what the stop made certain (docs/tuning.md#10-early-stop-inside-a-level)
         seen = [b for b in broken if b.name == "preemptions"]  # certain once counted
         broken = [*_certain(m, slo, stop, latency_slos), *seen]
-    return LevelScore(scale, v, feasible, m.output_throughput, tuple(broken))
+    cl = m.client_limit
+    if cl is not None:  # the figures are the client's: they cannot show the SLOs held
+        feasible = False
+        broken.insert(0, Violation(cl.bound, cl.value_ms, cl.limit_ms))
+    return LevelScore(scale, v, feasible, m.output_throughput, tuple(broken), cl)
 
 
 def _certain(m: LevelMetrics, slo: Slo, stop: StopInfo, latency_slos: bool) -> list[Violation]:
@@ -219,10 +231,14 @@ def score_trial(levels: Sequence[LevelScore], capacity: CapacityResult | None = 
     """The objective is output tokens/s at the trial's capacity: the lattice point the
     capacity search settled on (slo-capacity), else the highest-load feasible level (one
     level for fixed-rate and offline). With no feasible level, the constraints are the
-    least-violated level's, so the sampler sees how far off the trial was."""
+    least-violated level's, so the sampler sees how far off the trial was. Client-limited
+    levels count for neither: their figures are the client's."""
     if not levels:
         return failed_trial_score()
-    feasible = [lv for lv in levels if lv.feasible]
+    usable = [lv for lv in levels if lv.client_limit is None]
+    if not usable:
+        return dataclasses.replace(failed_trial_score(), levels=tuple(levels), capacity=capacity)
+    feasible = [lv for lv in usable if lv.feasible]
     best: LevelScore | None = None
     if capacity is not None:
         if capacity.scale is not None:
@@ -239,7 +255,7 @@ def score_trial(levels: Sequence[LevelScore], capacity: CapacityResult | None = 
             tuple(levels),
             capacity,
         )
-    closest = min(levels, key=lambda lv: max(lv.violations.values()))
+    closest = min(usable, key=lambda lv: max(lv.violations.values()))
     return TrialScore(0.0, dict(closest.violations), False, None, tuple(levels), capacity)
 
 
