@@ -3,7 +3,7 @@
 Run with the vLLM venv's own Python (it needs torch and transformers, which autotune never
 depends on, and tokenizers)::
 
-    <venv>/bin/python tests/real_vllm/make_tiny_model.py OUT_DIR [--foreign]
+    <venv>/bin/python tests/real_vllm/make_tiny_model.py OUT_DIR [--foreign] [--size ...]
 
 Writes a Hugging Face model folder (``config.json``, safetensors weights,
 ``generation_config.json``, tokenizer files with a chat template) and prints one JSON line
@@ -16,6 +16,12 @@ Deterministic for a seed.
 list, as real users' tokenizers do not: BPE trained on syllable pseudo-words only (an English
 word becomes several tokens), 1,900 tokens plus two special chat markers at 1900-1901, under a
 ``config.json`` vocab_size of 2048, so the largest ordinary id (1899) lies below vocab_size.
+
+``--hidden-size``, ``--layers``, ``--heads`` (and ``--kv-heads``, ``--intermediate-size``) build
+a larger model of the same family; the defaults are the tiny one above. ``--size tuning`` is
+the size measured in docs/vllm-cpu.md#8-a-model-whose-step-time-grows-with-the-batch, at which
+max_num_seqs and max_num_batched_tokens change throughput on a 2-core CPU. head_dim is
+hidden_size / heads and must be one vLLM's CPU attention supports.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import argparse
 import json
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 VOCAB_SIZE = 2000
@@ -75,6 +82,44 @@ def corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
+# head_dim values vLLM 0.32's CPU attention accepts (docs/vllm-cpu.md#3-the-tiny-test-model)
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The transformer's size; the defaults are the tiny model every real-vLLM test serves."""
+
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int | None = None  # None: heads / 2
+    intermediate_size: int | None = None  # None: 2 x hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else max(1, self.heads // 2)
+
+    def check(self) -> None:
+        if self.hidden_size % self.heads:
+            raise SystemExit(f"--hidden-size {self.hidden_size} is not a multiple of --heads")
+        if self.head_dim not in CPU_HEAD_DIMS:
+            raise SystemExit(
+                f"head_dim {self.head_dim} (hidden_size / heads) is not one vLLM's CPU "
+                f"attention supports: {CPU_HEAD_DIMS}"
+            )
+        if self.heads % self.num_kv_heads:
+            raise SystemExit(f"--heads {self.heads} is not a multiple of --kv-heads")
+
+
+# Named sizes: "tiny" is the default; "tuning" makes step time grow with the batch on a
+# 2-core CPU (measured in docs/vllm-cpu.md#8-a-model-whose-step-time-grows-with-the-batch).
+SIZES = {"tiny": Shape(), "tuning": Shape(hidden_size=256, layers=4, heads=4)}
+
 FOREIGN_TOKENS = 1900
 FOREIGN_VOCAB = 2048
 FOREIGN_MARKERS = ("<|user|>", "<|assistant|>")  # special: ids 1900 and 1901
@@ -105,7 +150,7 @@ def foreign_corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
-def build(out: Path, seed: int, foreign: bool = False) -> dict[str, object]:
+def build(out: Path, seed: int, foreign: bool = False, shape: Shape = Shape()) -> dict[str, object]:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -143,15 +188,16 @@ def build(out: Path, seed: int, foreign: bool = False) -> dict[str, object]:
     tok.save_pretrained(out)
     vocab = FOREIGN_VOCAB if foreign else VOCAB_SIZE
 
+    shape.check()
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size or 2 * shape.hidden_size,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
         max_position_embeddings=MAX_POSITIONS,
         bos_token_id=1,
         eos_token_id=2,
@@ -168,6 +214,12 @@ def build(out: Path, seed: int, foreign: bool = False) -> dict[str, object]:
         "vocab_size": vocab,
         "tokenizer_size": len(tok),
         "foreign": foreign,
+        "hidden_size": cfg.hidden_size,
+        "layers": cfg.num_hidden_layers,
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
         "params": params,
         "kv_bytes_per_token": 2
         * cfg.num_hidden_layers
@@ -184,8 +236,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--foreign", action="store_true", help="a tokenizer foreign to autotune")
+    p.add_argument("--size", choices=sorted(SIZES), default="tiny", help="a named shape")
+    p.add_argument("--hidden-size", type=int, help="overrides the named size's")
+    p.add_argument("--layers", type=int, help="overrides the named size's")
+    p.add_argument("--heads", type=int, help="attention heads; head_dim = hidden / heads")
+    p.add_argument("--kv-heads", type=int, help="default: heads / 2")
+    p.add_argument("--intermediate-size", type=int, help="default: 2 x hidden size")
     ns = p.parse_args(argv)
-    print(json.dumps(build(ns.out, ns.seed, ns.foreign)), flush=True)
+    base = SIZES[ns.size]
+    shape = Shape(
+        hidden_size=ns.hidden_size or base.hidden_size,
+        layers=ns.layers or base.layers,
+        heads=ns.heads or base.heads,
+        kv_heads=ns.kv_heads if ns.kv_heads is not None else base.kv_heads,
+        intermediate_size=ns.intermediate_size or base.intermediate_size,
+    )
+    print(json.dumps(build(ns.out, ns.seed, ns.foreign, shape)), flush=True)
     return 0
 
 
