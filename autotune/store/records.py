@@ -111,6 +111,9 @@ class TrialRecord:
         """The level that speaks for the trial: its highest-load level that met the SLOs,
         else its lowest load (the closest it came). Its p99s and diagnosis are the trial's."""
         ok = [lv for lv in self.levels if lv.feasible]
+        if self.capacity_scale is not None:  # a re-measured point may hold once above it
+            # (its majority failed, docs/tuning.md#1-the-capacity-lattice): not the trial's
+            ok = [lv for lv in ok if lv.scale <= self.capacity_scale * (1 + 1e-9)] or ok
         if ok:
             return max(ok, key=lambda lv: lv.scale)
         return min(self.levels, key=lambda lv: lv.scale, default=None)

@@ -228,6 +228,14 @@ class TrialSummary:
     capacity_scale: float | None = None
     capacity_req_s: float | None = None
     capacity_status: str | None = None
+    # how sure the capacity is (docs/tuning.md#1-the-capacity-lattice, "Noise"): runs that
+    # held / runs at the capacity point and at the next point up ("2/3"), the band of load
+    # scales where runs flipped, and whether every run agreed with one capacity
+    capacity_held: str | None = None
+    capacity_above_held: str | None = None
+    capacity_band_low: float | None = None
+    capacity_band_high: float | None = None
+    capacity_monotone: bool | None = None
     p99_ttft_ms: float | None = None
     p99_tpot_ms: float | None = None
     kv_cache_tokens: int | None = None

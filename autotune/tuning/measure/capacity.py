@@ -2,9 +2,10 @@
 
 Loads lie on the fixed lattice ``low * (1 + resolution)^k`` for ``k = 0..top`` (the last
 point not above ``high``). A configuration's capacity is the highest lattice point that is
-feasible and whose next point up is infeasible; both points are measured. The search keeps a
-bracket ``[ok, bad]`` of a measured feasible and a measured infeasible point and bisects it on
-the lattice until they are neighbours.
+feasible and whose next point up is infeasible; both points are measured. A point is
+feasible when it held in the majority of its runs (one run, until a point is re-measured).
+The search keeps a bracket ``[ok, bad]`` of a measured feasible and a measured infeasible
+point and bisects it on the lattice until they are neighbours.
 
 - Without a hint it measures the top point, then the middle one (by index), then the bottom
   one only when the middle is infeasible, then bisects: every trial and the baseline get the
@@ -14,28 +15,51 @@ the lattice until they are neighbours.
   measured ends, so when feasibility is monotone in load both searches end on the same
   lattice point. Under noise they need not: a hint at a high load keeps lucky feasible points
   there, which is why studies search without one.
-- When feasibility is not monotone (noise), the answer is still one defined lattice point: a
-  measured feasible point whose measured next point up is infeasible, the same one every time
-  the same measurements come back.
+- Re-measurement (docs/tuning.md#1-the-capacity-lattice, "Noise"): once the runs contradict
+  monotone feasibility (a run that held at or above a point where a run failed), or always
+  when ``confirm`` is set, the closed bracket's two points (the capacity point and the next
+  one up) are measured again until each has a majority: 2 agreeing runs, or 3 runs. From
+  the first contradiction on, the bracket is the majorities': the lowest point whose
+  majority failed, and the highest point below it whose majority held. When a majority
+  overturns a boundary point the search goes on in the new bracket. Re-runs are capped at
+  :data:`REMEASURE_RUNS` per search. A search that saw no contradiction and no ``confirm``
+  measures each point once, exactly as without this rule.
 
-``max_levels`` is a safety cap; a search cut short by it reports the highest measured feasible
-point below its lowest measured infeasible one and says it did not converge.
+``max_levels`` is a safety cap on all runs; a search cut short by it reports the highest
+feasible point below its lowest infeasible one and says it did not converge.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["CapacityResult", "CapacitySearch", "Lattice", "Status"]
+__all__ = [
+    "MAX_RUNS",
+    "REMEASURE_RUNS",
+    "CapacityResult",
+    "CapacitySearch",
+    "Lattice",
+    "Runs",
+    "Spread",
+    "Status",
+    "spread_of",
+]
 
-# found: a measured feasible point with a measured infeasible next point up
+# found: a feasible point with an infeasible next point up, both measured
 # at_top: even the top of the lattice is feasible (capacity >= high)
 # below_low: even the bottom of the lattice is infeasible
 # stopped: the caller stopped early (over-length: no load can help; a dead worker)
 # budget: max_levels ran out first
 Status = Literal["found", "at_top", "below_low", "stopped", "budget"]
+
+# Runs of one point at most: with 3 a majority always exists, and 2 agreeing runs already
+# are one (docs/tuning.md#1-the-capacity-lattice, "Noise").
+MAX_RUNS = 3
+# Re-runs (runs of a point after its first) per search: 2 more of each boundary point.
+REMEASURE_RUNS = 2 * (MAX_RUNS - 1)
 
 
 @dataclass(frozen=True)
@@ -69,12 +93,86 @@ class Lattice:
 
 
 @dataclass(frozen=True)
+class Runs:
+    """The runs of one lattice point: how many held its SLOs, of how many."""
+
+    held: int
+    total: int
+
+    @property
+    def feasible(self) -> bool:  # held in the majority of its runs
+        return 2 * self.held > self.total
+
+    def text(self) -> str:  # "2/3"
+        return f"{self.held}/{self.total}"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How sure a capacity is (docs/tuning.md#1-the-capacity-lattice, "Noise"): the runs at
+    the capacity point and at the next point up (None: no such point, or not measured), and
+    the band of loads in which the capacity is uncertain: from the lowest lattice point where
+    a run failed to the highest where a run held, widened to contain the capacity point and
+    the next one up. With monotone runs the band is those two points, one step apart."""
+
+    at: Runs | None
+    above: Runs | None
+    band_low: float | None  # scales
+    band_high: float | None
+    monotone: bool  # no run held at or above a point where a run failed
+
+    def text(self) -> str:
+        """E.g. ``held 2/2, next point up 1/3; uncertain between x1.010 and x1.041``."""
+        runs = []
+        if self.at is not None:
+            runs.append(f"held {self.at.text()}")
+        if self.above is not None:
+            runs.append(f"next point up {self.above.text()}")
+        parts = [", ".join(runs)] if runs else []
+        if self.band_low is not None and self.band_high is not None:
+            parts.append(f"uncertain between x{self.band_low:.3f} and x{self.band_high:.3f}")
+        return "; ".join(parts)
+
+
+def spread_of(lattice: Lattice, runs: Mapping[int, Sequence[bool]], index: int | None) -> Spread:
+    """The :class:`Spread` of a capacity at lattice point ``index`` (None: nothing feasible)
+    given every run of each measured point (the one rule: the search's result and a stored
+    trial's levels both use it)."""
+
+    def of(k: int | None) -> Runs | None:
+        rs = runs.get(k) if k is not None else None
+        return Runs(sum(rs), len(rs)) if rs else None
+
+    above = 0 if index is None else index + 1
+    failed = [k for k, rs in runs.items() if not all(rs)]
+    held = [k for k, rs in runs.items() if any(rs)]
+    monotone = not failed or not held or min(failed) > max(held)
+    lows = failed + ([index] if index is not None else [])
+    highs = held + ([above] if above <= lattice.top and index is not None else [])
+    lo = min(lows, default=None)
+    hi = max(highs, default=lo)
+    return Spread(
+        of(index),
+        of(above) if above <= lattice.top else None,
+        lattice.scale(lo) if lo is not None else None,
+        lattice.scale(hi) if hi is not None else None,
+        monotone,
+    )
+
+
+@dataclass(frozen=True)
 class CapacityResult:
     status: Status
     index: int | None  # the capacity's lattice index; None when nothing was feasible
     scale: float | None
     converged: bool  # the answer is a measured edge (or the top of the lattice)
-    levels: int  # levels measured
+    levels: int  # levels measured (runs, re-measurements included)
+    spread: Spread | None = None  # how sure the capacity is
+
+    @property
+    def monotone(self) -> bool:
+        """Every run agreed with one capacity (no re-measurement was needed to decide)."""
+        return self.spread is None or self.spread.monotone
 
 
 @dataclass
@@ -82,22 +180,43 @@ class CapacitySearch:
     lattice: Lattice
     max_levels: int = 24
     hint: float | None = None
-    measured: dict[int, bool] = field(default_factory=dict)
-    _ok: int | None = None  # bracket: measured feasible
+    # re-measure the boundary points even when the runs never contradicted each other
+    confirm: bool = False
+    runs: dict[int, list[bool]] = field(default_factory=dict)  # every run, by lattice point
+    _ok: int | None = None  # bracket: measured feasible (first runs, until a contradiction)
     _bad: int | None = None  # bracket: measured infeasible
     _step: int = 1  # galloping step away from the hint
     _stopped: bool = False
+    _noisy: bool = False  # the runs contradicted monotone feasibility: majorities decide
 
     def __post_init__(self) -> None:
         if self.max_levels < 2:
             raise ValueError("max_levels must be >= 2")
 
+    @property
+    def measured(self) -> dict[int, bool]:
+        """Each measured point's verdict (held in the majority of its runs), in the order
+        the points were first measured."""
+        return {k: Runs(sum(rs), len(rs)).feasible for k, rs in self.runs.items()}
+
+    @property
+    def levels(self) -> int:  # runs measured
+        return sum(len(rs) for rs in self.runs.values())
+
+    def _reruns(self) -> int:
+        return sum(len(rs) - 1 for rs in self.runs.values())
+
     def record(self, k: int, feasible: bool) -> None:
-        """The outcome of measuring lattice point ``k`` (as asked by :meth:`next_index`)."""
-        self.measured[k] = feasible
+        """The outcome of measuring lattice point ``k`` (as asked by :meth:`next_index`);
+        a point measured again adds a run."""
+        if not self._noisy and self._contradicts(k, feasible):
+            self._noisy = True
+        self.runs.setdefault(k, []).append(feasible)
+        if self._noisy:
+            return  # the bracket is the majorities' (:meth:`_bracket`)
         if feasible:
             if self._bad is not None and k >= self._bad:
-                return  # above the bracket's infeasible end (noise): the bracket stays
+                return  # above the bracket's infeasible end: the bracket stays
             if self._ok is None or k > self._ok:
                 self._ok = k
         else:
@@ -106,24 +225,52 @@ class CapacitySearch:
             if self._bad is None or k < self._bad:
                 self._bad = k
 
+    def _contradicts(self, k: int, feasible: bool) -> bool:
+        """A run that held at or above a failed one, or failed at or below a held one."""
+        if feasible:
+            return any(i <= k and not all(rs) for i, rs in self.runs.items())
+        return any(j >= k and any(rs) for j, rs in self.runs.items())
+
     def stop(self) -> None:
         """End the search now (e.g. requests too long for max_model_len: no load helps)."""
         self._stopped = True
 
+    def _holds(self, k: int) -> bool:
+        """Point ``k``'s majority; a tie that another run may still break keeps its first
+        run's verdict until then (so the bracket does not move on half the evidence)."""
+        rs = self.runs[k]
+        if 2 * sum(rs) == len(rs) and self._may_rerun() and len(rs) < MAX_RUNS:
+            return rs[0]
+        return 2 * sum(rs) > len(rs)
+
+    def _may_rerun(self) -> bool:
+        return self._reruns() < REMEASURE_RUNS and self.levels < self.max_levels
+
+    def _bracket(self) -> tuple[int | None, int | None]:
+        if not self._noisy:
+            return self._ok, self._bad
+        holds = {k: self._holds(k) for k in self.runs}
+        bad = min((k for k, h in holds.items() if not h), default=None)
+        ok = max((k for k, h in holds.items() if h and (bad is None or k < bad)), default=None)
+        return ok, bad
+
     def _closed(self) -> bool:
-        lat = self.lattice
-        if self._ok is not None and self._ok >= lat.top:
+        ok, bad = self._bracket()
+        if ok is not None and ok >= self.lattice.top:
             return True  # feasible at the top
-        if self._bad is not None and self._bad <= 0:
+        if bad is not None and bad <= 0:
             return True  # infeasible at the bottom
-        return self._ok is not None and self._bad is not None and self._bad - self._ok <= 1
+        return ok is not None and bad is not None and bad - ok <= 1
 
     def next_index(self) -> int | None:
-        """The next lattice point to measure, or None when the search is over."""
-        if self._stopped or self._closed() or len(self.measured) >= self.max_levels:
+        """The next lattice point to measure (possibly one measured before), or None when
+        the search is over."""
+        if self._stopped or self.levels >= self.max_levels:
             return None
+        if self._closed():
+            return self._remeasure()
         top = self.lattice.top
-        ok, bad = self._ok, self._bad
+        ok, bad = self._bracket()
         if ok is not None and bad is not None:
             return (ok + bad) // 2
         if ok is None and bad is None:
@@ -134,6 +281,21 @@ class CapacitySearch:
         self._step *= 2
         return k
 
+    def _remeasure(self) -> int | None:
+        """A boundary point (the capacity point, the next one up) without a majority yet:
+        the one with the fewest runs, the lower first. None: no re-measurement is due."""
+        if not (self._noisy or self.confirm) or not self._may_rerun():
+            return None
+        ok, _ = self._bracket()
+        points = [0] if ok is None else [ok, ok + 1]
+        open_ = [k for k in points if k <= self.lattice.top and not self._decided(k)]
+        return min(open_, key=lambda k: (len(self.runs.get(k, ())), k), default=None)
+
+    def _decided(self, k: int) -> bool:
+        rs = self.runs.get(k, [])
+        held = sum(rs)
+        return len(rs) >= MAX_RUNS or held >= 2 or len(rs) - held >= 2
+
     def _gallop(self, ok: int | None, bad: int | None, top: int) -> int:
         if self.hint is None:
             # no hint: the top was measured infeasible. The middle point next (1x the
@@ -141,7 +303,7 @@ class CapacitySearch:
             # infeasible too: the bottom is the longest level to replay (4x the middle's
             # duration at 0.25x), and a config feasible in the middle never needs it
             mid = top // 2
-            if bad is not None and bad > mid and mid not in self.measured:
+            if bad is not None and bad > mid and mid not in self.runs:
                 return mid
             return 0
         if bad is None:
@@ -150,16 +312,17 @@ class CapacitySearch:
         return max(bad - self._step, 0)
 
     def result(self) -> CapacityResult:
-        n = len(self.measured)
+        n = self.levels
         lat = self.lattice
-        ok, bad = self._ok, self._bad
+        ok, bad = self._bracket()
         at = lat.scale(ok) if ok is not None else None
+        spread = spread_of(lat, self.runs, ok)
         if self._stopped and not self._closed():
-            return CapacityResult("stopped", ok, at, False, n)
+            return CapacityResult("stopped", ok, at, False, n, spread)
         if ok is not None and ok >= lat.top:
-            return CapacityResult("at_top", ok, lat.scale(ok), True, n)
+            return CapacityResult("at_top", ok, at, True, n, spread)
         if bad is not None and bad <= 0 and ok is None:
-            return CapacityResult("below_low", None, None, True, n)
+            return CapacityResult("below_low", None, None, True, n, spread)
         if ok is not None and bad is not None and bad - ok <= 1:
-            return CapacityResult("found", ok, lat.scale(ok), True, n)
-        return CapacityResult("budget", ok, at, False, n)
+            return CapacityResult("found", ok, at, True, n, spread)
+        return CapacityResult("budget", ok, at, False, n, spread)

@@ -14,9 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.config import StudyConfig
-from autotune.errors import ClientLimitError
 from autotune.failures import FailureMatch
-from autotune.loadgen.client_limit import host_limit_line
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.loadgen.stop_rule import StopRule
 from autotune.tuning.measure.capacity import CapacityResult, CapacitySearch, Lattice
@@ -57,6 +55,9 @@ class LevelPlan:
     lattice: Lattice
     max_levels: int  # the capacity search's safety cap
     early_stop: StopRule | None  # what the runner stops a level by (None: full replays)
+    # re-measure the capacity search's two boundary points to a majority even when its runs
+    # never disagreed (docs/tuning.md#1-the-capacity-lattice, "Noise"); False: only then
+    confirm_capacity: bool = False
 
     @classmethod
     def of(
@@ -120,17 +121,16 @@ async def measure(
     as it is scored; the run ends at a level the worker died in, or (search) one whose
     requests are too long for max_model_len and nothing else is wrong."""
     lattice = plan.lattice
-    search = CapacitySearch(lattice, plan.max_levels, hint) if plan.capacity else None
+    search = (
+        CapacitySearch(lattice, plan.max_levels, hint, confirm=plan.confirm_capacity)
+        if plan.capacity
+        else None
+    )
     levels: list[MeasuredLevel] = []
     death: FailureMatch | None = None
-    # a client-limited level's place and load, run once more
-    # (docs/loadgen.md#5-client-limited-levels)
-    rerun: tuple[int | None, float] | None = None
     while True:
         k: int | None = None
-        if rerun is not None:
-            k, scale = rerun
-        elif search is None:
+        if search is None:
             if levels:
                 break
             scale = 1.0
@@ -153,27 +153,12 @@ async def measure(
         levels.append(level)
         if on_level is not None:
             on_level(level)
-        if ls.client_limit is not None and death is None:  # the figures are the client's
-            if rerun is not None:
-                raise ClientLimitError(_host_limit(plan, out, levels[-2].score, ls))
-            rerun = (k, scale)
-            continue  # the search never sees it
-        rerun = None
         if search is not None and k is not None:
             search.record(k, ls.feasible)
             if only_overlength(ls) or death is not None:
                 search.stop()  # no load helps: too long for max_model_len, or the worker died
     capacity = search.result() if search is not None else None
     return Measured(tuple(levels), capacity, death)
-
-
-def _host_limit(plan: LevelPlan, out: LevelOutcome, first: LevelScore, second: LevelScore) -> str:
-    """The line a run stops with when a load was client-limited on its re-run too."""
-    assert first.client_limit is not None and second.client_limit is not None
-    rate = out.offered_rate
-    load = f"{rate:,.4g} req/s" if rate is not None else f"{out.scale:g}x the workload's load"
-    advice = "lower strategy.capacity_high" if plan.capacity else "lower the workload's rate"
-    return host_limit_line(load, first.client_limit, second.client_limit, advice)
 
 
 def only_overlength(ls: LevelScore) -> bool:
