@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.config import StudyConfig
+from autotune.errors import ClientLimitError
 from autotune.failures import FailureMatch
+from autotune.loadgen.client_limit import host_limit_line
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.loadgen.stop_rule import StopRule
 from autotune.tuning.measure.capacity import CapacityResult, CapacitySearch, Lattice
@@ -128,9 +130,14 @@ async def measure(
     )
     levels: list[MeasuredLevel] = []
     death: FailureMatch | None = None
+    # a client-limited level's place and load, run once more
+    # (docs/loadgen.md#5-client-limited-levels)
+    rerun: tuple[int | None, float] | None = None
     while True:
         k: int | None = None
-        if search is None:
+        if rerun is not None:
+            k, scale = rerun
+        elif search is None:
             if levels:
                 break
             scale = 1.0
@@ -153,12 +160,27 @@ async def measure(
         levels.append(level)
         if on_level is not None:
             on_level(level)
+        if ls.client_limit is not None and death is None:  # the figures are the client's
+            if rerun is not None:
+                raise ClientLimitError(_host_limit(plan, out, levels[-2].score, ls))
+            rerun = (k, scale)
+            continue  # the search never sees it
+        rerun = None
         if search is not None and k is not None:
             search.record(k, ls.feasible)
             if only_overlength(ls) or death is not None:
                 search.stop()  # no load helps: too long for max_model_len, or the worker died
     capacity = search.result() if search is not None else None
     return Measured(tuple(levels), capacity, death)
+
+
+def _host_limit(plan: LevelPlan, out: LevelOutcome, first: LevelScore, second: LevelScore) -> str:
+    """The line a run stops with when a load was client-limited on its re-run too."""
+    assert first.client_limit is not None and second.client_limit is not None
+    rate = out.offered_rate
+    load = f"{rate:,.4g} req/s" if rate is not None else f"{out.scale:g}x the workload's load"
+    advice = "lower strategy.capacity_high" if plan.capacity else "lower the workload's rate"
+    return host_limit_line(load, first.client_limit, second.client_limit, advice)
 
 
 def only_overlength(ls: LevelScore) -> bool:
