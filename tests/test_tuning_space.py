@@ -24,7 +24,7 @@ from autotune.tuning.measure.scoring import (
     score_trial,
 )
 from autotune.tuning.run.create import create_study
-from autotune.tuning.search.plan import cover_baseline
+from autotune.tuning.search.plan import cover_baseline, fixed_kv_bytes
 from autotune.tuning.search.space import (
     MNBT_PARAM,
     PARAM_ORDER,
@@ -330,3 +330,12 @@ def test_every_range_contains_the_baseline_or_a_note_names_it(
     # a range is only ever widened, never narrowed
     assert out.mns_low <= b.mns_low and out.mns_high >= b.mns_high
     assert out.util_low <= b.util_low and out.util_high >= b.util_high
+
+
+def test_a_kv_size_in_bytes_is_read_in_any_spelling_and_zero_is_unset() -> None:
+    assert fixed_kv_bytes({"kv_cache_memory_bytes": 2**26}) == "67108864"
+    assert fixed_kv_bytes({"--kv-cache-memory-bytes": "64M", "enforce_eager": True}) == "64M"
+    # vLLM tests the value's truth: 0 leaves the fraction in charge
+    assert fixed_kv_bytes({"kv_cache_memory_bytes": 0}) is None
+    assert fixed_kv_bytes({"kv_cache_memory_bytes": "0"}) is None
+    assert fixed_kv_bytes({"enforce_eager": True}) is None
