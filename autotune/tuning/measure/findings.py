@@ -13,17 +13,26 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import StudyConfig
+from autotune.loadgen.client_limit import ClientLimit
 from autotune.loadgen.stopped import LATENCIES, RATES, THROUGHPUTS, StopInfo, Stopped
 from autotune.loadgen.stopped import stopped_figures as _figures
 from autotune.store import LevelRecord, TrialRecord
 from autotune.tuning.attrs import TrialSummary
+from autotune.tuning.measure.capacity import Lattice, Spread, spread_of
 from autotune.tuning.measure.scoring import Slo, binding_slo
 from autotune.tuning.search.stages import capacity_bracket, memory_evidence
 
 if TYPE_CHECKING:
     from autotune.tuning.measure.trial import TrialOutcome
 
-__all__ = ["capacity_rps", "record_stopped", "stop_note", "trial_summary", "why_infeasible"]
+__all__ = [
+    "capacity_rps",
+    "capacity_spread",
+    "record_stopped",
+    "stop_note",
+    "trial_summary",
+    "why_infeasible",
+]
 
 _FIGURES = (*LATENCIES, *THROUGHPUTS, *RATES)
 
@@ -53,6 +62,21 @@ def capacity_rps(t: TrialRecord) -> float | None:
         return None
     lv = t.headline_level()
     return lv.offered_rate if lv is not None else None
+
+
+def capacity_spread(t: TrialRecord, lattice: Lattice) -> Spread | None:
+    """How sure a finished slo-capacity trial's capacity is, from its stored levels (every
+    run of every lattice point; client-limited levels, which no verdict rests on, left out):
+    the same :func:`~autotune.tuning.measure.capacity.spread_of` as the search's own result
+    (docs/tuning.md#1-the-capacity-lattice, "Noise"). None for an unfinished or failed trial."""
+    if t.state != "COMPLETE" or t.failure_class or not t.levels:
+        return None
+    runs: dict[int, list[bool]] = {}
+    for lv in t.levels:
+        if ClientLimit.of(lv.metrics) is None:
+            runs.setdefault(lattice.index(lv.scale), []).append(bool(lv.feasible))
+    cap = t.capacity_scale if t.feasible else None
+    return spread_of(lattice, runs, lattice.index(cap) if cap is not None else None)
 
 
 def why_infeasible(t: TrialRecord, mode: str = "slo-capacity") -> str | None:
@@ -86,6 +110,20 @@ def _r(v: float | None, digits: int) -> float | None:
     return round(v, digits) if v is not None else None
 
 
+def _spread_attrs(sp: Spread | None) -> dict[str, Any]:
+    """The capacity's spread as :class:`TrialSummary` fields (docs/tuning.md#1-the-capacity-
+    lattice, "Noise")."""
+    if sp is None:
+        return {}
+    return {
+        "capacity_held": sp.at.text() if sp.at is not None else None,
+        "capacity_above_held": sp.above.text() if sp.above is not None else None,
+        "capacity_band_low": _r(sp.band_low, 4),
+        "capacity_band_high": _r(sp.band_high, 4),
+        "capacity_monotone": sp.monotone,
+    }
+
+
 def trial_summary(out: TrialOutcome, cfg: StudyConfig) -> TrialSummary:
     """The attributes of a finished trial: its verdict, the headline figures (a stopped
     level's only as far as it measured them) and what the staged plan reads from the
@@ -107,6 +145,7 @@ def trial_summary(out: TrialOutcome, cfg: StudyConfig) -> TrialSummary:
         capacity_scale=round(score.capacity_scale, 4) if score.capacity_scale else None,
         capacity_req_s=_r(capacity_rps(rec), 3),
         capacity_status=score.capacity.status if score.capacity is not None else None,
+        **_spread_attrs(score.capacity.spread if score.capacity is not None else None),
         p99_ttft_ms=p99_ttft,
         p99_tpot_ms=p99_tpot,
         kv_cache_tokens=rec.kv_cache_tokens,
