@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,12 +84,12 @@ def test_the_lag_bound_is_two_arrival_gaps_above_its_floor_and_wall_time_when_sc
 
 
 def test_waiting_for_a_slot_is_not_client_lag() -> None:
-    for loop in ("closed", "open-capped"):
+    for loop in ("closed", "open-capped", "burst"):
         assert check(summary(loop, p99_schedule_lag_ms=5000.0)) is None
 
 
 def test_chunks_read_in_bursts_mark_any_client_level() -> None:
-    for loop in ("open", "open-capped", "closed"):
+    for loop in ("open", "open-capped", "burst", "closed"):
         cl = check(summary(loop, median_itl_ms=0.0))
         assert cl == ClientLimit("read_gap", 0.0, READ_GAP_FLOOR_MS)
     assert "read in bursts" in ClientLimit("read_gap", 0.0, 0.1).text
@@ -264,13 +266,21 @@ def test_bench_prints_the_warning(
     assert "p99 send lag" in warning[0] and "this host could not drive the load" in warning[0]
 
 
-def test_bench_says_nothing_when_the_client_kept_up(
+def test_bench_warns_exactly_when_its_saved_result_is_marked(
     sim_url: str,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
-    # a closed loop: the lag cannot be the client's, and chunks come an engine step apart
+    # all at once within 2 slots: the lag is never the client's, so only bursts of chunks
+    # can mark it (a starved host can produce them: then the warning and the mark go together)
+    path = tmp_path / "r.json"
     args = ["bench", "--base-url", sim_url, "--num-prompts", "8", "--random-input-len", "64"]
-    args += ["--random-output-len", "4", "--max-concurrency", "2"]
+    args += ["--random-output-len", "4", "--max-concurrency", "2", "--save-result", str(path)]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
-    assert "client-limited" not in out
+    saved = json.loads(path.read_text())
+    mark = ClientLimit.of(saved)
+    assert saved["client_loop"] == "open-capped" and saved["p99_schedule_lag_ms"] >= 0
+    assert mark == check(saved)
+    assert ("warning: client-limited" in out) == (mark is not None)
+    assert mark is None or mark.bound == "read_gap"

@@ -42,8 +42,9 @@ DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
 LENGTH_TOLERANCE = 0.02
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # what vLLM's --goodput accepts, values in ms
 # How a client sent a run: on arrival times with no concurrency cap ("open"), on arrival
-# times within a ``max_concurrency`` cap ("open-capped"), or on free slots ("closed").
-ClientLoop = Literal["open", "open-capped", "closed"]
+# times within a ``max_concurrency`` cap ("open-capped"), all at once with no cap ("burst",
+# vLLM's rate=inf), or on free slots ("closed").
+ClientLoop = Literal["open", "open-capped", "burst", "closed"]
 
 
 @dataclass(slots=True)

@@ -114,7 +114,8 @@ def check(summary: Mapping[str, Any]) -> ClientLimit | None:
     """The bound ``summary`` (:func:`~autotune.loadgen.bench_stats.summarize`'s) passes, or
     None. Send lag counts only in an open loop without a concurrency cap: there the lag is
     the client's alone, whereas a closed loop's or a capped open loop's requests also wait
-    for a free slot, which is the server being slow, not the client."""
+    for a free slot, which is the server being slow, not the client, and a burst (every
+    request due at t = 0) has no schedule to keep."""
     loop = summary.get("client_loop")
     if loop is None:
         return None  # no client: the in-process simulator

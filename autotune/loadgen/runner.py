@@ -171,9 +171,13 @@ async def run_load(
 def _loop(requests: Sequence[RequestSpec], max_concurrency: int | None) -> ClientLoop:
     """How the requests were sent: the send lag is the client's alone only in an open loop
     without a concurrency cap (docs/loadgen.md#5-client-limited-levels)."""
-    if all(q.arrival is None for q in requests):
+    arrivals = {q.arrival for q in requests if q.arrival is not None}
+    if not arrivals:
         return "closed"
-    return "open" if max_concurrency is None else "open-capped"
+    if max_concurrency is not None:
+        return "open-capped"
+    # all due at once: the lag is how long sending them all took, not a missed schedule
+    return "open" if len(arrivals) > 1 else "burst"
 
 
 def _stopped(
