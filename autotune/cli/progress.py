@@ -7,6 +7,7 @@ import sys
 from rich.markup import escape
 
 from autotune.cli._app import console
+from autotune.report.bounds import capacity_of
 from autotune.report.levels import progress_figures, progress_note
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 from autotune.tuning.run.events import (
@@ -110,9 +111,14 @@ def progress_printer() -> OnEvent:
             case TrialDone():
                 rec = e.record
                 if e.feasible:
-                    cap = e.capacity_scale
-                    at = f" at x{cap:.3f}{_rate(capacity_rps(rec))}" if cap is not None else ""
-                    out.print(f"  -> {tag}{e.objective:,.1f} output tok/s{at}")
+                    cap = capacity_of(e.capacity_scale, capacity_rps(rec), e.capacity_status)
+                    if e.capacity_scale is None:
+                        at = ""
+                    elif cap.exact:
+                        at = f" at x{e.capacity_scale:.3f}{_rate(cap.rps)}"
+                    else:  # the top of the range: a lower bound (docs/usage.md#1-commands)
+                        at = f" at {cap.text()}"
+                    out.print(f"  -> {tag}{e.objective:,.1f} output tok/s{escape(at)}")
                 else:
                     why = why_infeasible(rec, e.mode) or "infeasible"
                     out.print(f"  -> {tag}infeasible: {escape(why)}")

@@ -16,15 +16,23 @@ from autotune.cli import study as _study  # noqa: F401  (create and run come fir
 from autotune.cli._app import console, print_json, study_app
 from autotune.cli.database import StorageOpt, need_study, open_store, study_store
 from autotune.errors import ConfigError, NotFoundError
-from autotune.report.best_output import best_json, format_recommendation
+from autotune.report.best_output import (
+    best_json,
+    format_recommendation,
+    format_validation,
+    study_hints,
+    validation_block,
+)
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import no_feasible_reason, recommend
 from autotune.report.study_export import export_csv, export_json
 from autotune.report.tables import list_json, list_table, show_json, show_rows, show_table
 from autotune.store import NoDatabaseError
 from autotune.tuning.measure.interval import summary_of
+from autotune.tuning.measure.level_plan import lattice_of
 from autotune.tuning.run.create import load_study_config
 from autotune.tuning.run.status import study_plan, study_status
+from autotune.tuning.study_attrs import stored_noise
 
 __all__ = ["JsonOpt", "best", "delete", "export", "list_cmd", "show", "status"]
 
@@ -62,16 +70,43 @@ def show(
         study = need_study(store, name)
         trials = store.trials(name)
         plan = study_plan(store, name)
+        repeats = store.repeats(name)
+        noise = stored_noise(store, name)
+    cfg = load_study_config(study)
+    lattice = lattice_of(cfg)
+    rec = recommend(cfg, trials, repeats, noise)
+    # the validation's verdict and each re-measured config's validated figures, and what to
+    # change in the config (docs/tuning.md#7-validation, docs/usage.md#1-commands)
+    validation = [] if rec is None or rec.validation is None else format_validation(rec)
+    validation += validation_block(rec) if rec is not None else []
+    hints = study_hints(rec) if rec is not None else []
     if as_json:
-        print_json(show_json(name, study.mode, trials) | {"plan": plan})
+        extra = best_json(name, rec) if rec is not None else {}
+        print_json(
+            show_json(name, study.mode, trials, lattice)
+            | {
+                "plan": plan,
+                "validation": {
+                    "verdict": extra["gain"]["verdict"],
+                    "reason": extra["gain"]["reason"],
+                    "configs": extra["validated"],
+                }
+                if rec is not None and rec.validated
+                else None,
+                "hints": hints,
+            }
+        )
         return
     width = console().width
-    table, legend, at = show_table(name, show_rows(trials, study.mode), width, wide=wide)
+    rows = show_rows(trials, study.mode, lattice)
+    table, legend, at = show_table(name, rows, width, wide=wide)
     Console(width=at).print(table)  # at: the table's own width when the terminal is narrower
     if legend:
         Console(width=width).print(escape(legend), highlight=False)
     for line in plan:
         Console(width=width).print(f"plan: {escape(line)}", highlight=False)
+    for line in validation + hints:
+        Console(width=width).print(escape(line), highlight=False)
 
 
 @study_app.command("status")
@@ -126,7 +161,9 @@ def best(
     with study_store(storage, name) as store:
         rec = need_study(store, name)
         trials = store.trials(name)
-        r = recommend(load_study_config(rec), trials, store.repeats(name))
+        r = recommend(
+            load_study_config(rec), trials, store.repeats(name), stored_noise(store, name)
+        )
     if r is None:
         low = below_lowest_load(trials, rec.mode)
         hint = (
@@ -165,11 +202,14 @@ def export(
         rec = need_study(store, name)
         trials = store.trials(name)
         repeats = store.repeats(name)
+        noise = stored_noise(store, name)
     cfg = load_study_config(rec)
     text = (
-        export_json(rec, trials, repeats, cfg, full=full)
+        export_json(rec, trials, repeats, cfg, full=full, noise=noise)
         if fmt == "json"
-        else export_csv(trials, rec.mode, summary_of(cfg, repeats, trials))
+        else export_csv(
+            trials, rec.mode, summary_of(cfg, repeats, trials, noise), cfg=cfg, repeats=repeats
+        )
     )
     if output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

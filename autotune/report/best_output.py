@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from autotune.report.bounds import widen_hint
 from autotune.report.recommend import (
     Recommendation,
     format_interval,
@@ -15,11 +16,23 @@ from autotune.report.recommend import (
     replicas_needed,
     top_level_figures,
 )
-from autotune.tuning.measure.findings import capacity_rps
+from autotune.report.validated import (
+    interval_text,
+    validated_json,
+    validated_lines,
+)
+from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 from autotune.tuning.measure.interval import ValidationSummary
 from autotune.tuning.measure.verdict import Held, held_text
 
-__all__ = ["BEST_SCHEMA", "best_json", "format_recommendation", "format_validation"]
+__all__ = [
+    "BEST_SCHEMA",
+    "best_json",
+    "format_recommendation",
+    "format_validation",
+    "study_hints",
+    "validation_block",
+]
 
 BEST_SCHEMA = "autotune.study-best/1"
 
@@ -42,7 +55,7 @@ def format_validation(rec: Recommendation) -> list[str]:
     why = v.reason or "no candidate beats it beyond noise"
     if v.verdict == "keep":
         lines.append(f"keep your current config: {why}")
-        if best is not None and best.interval is not None:
+        if best is not None and best.interval is not None and not rec.figures:
             lines.append(
                 f"  best candidate, trial {best.trial_number}: {what} "
                 f"{format_interval(best.interval)}"
@@ -51,16 +64,44 @@ def format_validation(rec: Recommendation) -> list[str]:
         lines.append(f"validated: {why} (no gain to give over a config that breaks them)")
     elif v.verdict == "undecided":
         lines.append(f"undecided, no recommendation: {why}")
-        lines += _spread(v)
-        if best is not None and best.interval is not None:
+        if not rec.figures:  # else the validated figures say it, config by config
+            lines += _spread(v)
+        if best is not None and best.interval is not None and not rec.figures:
             lines.append(
                 f"  best candidate, trial {best.trial_number}: {what} "
                 f"{format_interval(best.interval)}"
             )
-    elif best is not None and best.interval is not None:
-        lines.append(f"validated gain in {what}: {format_interval(best.interval)}")
+    elif v.verdict == "recommend":
+        if best is not None and best.interval is not None:
+            fig = next((f for f in rec.figures if f.trial == best.trial_number), None)
+            shown = interval_text(fig) if fig is not None else format_interval(best.interval)
+            lines.append(f"validated gain in {what}: {shown}")
+    else:  # any other verdict, as stored: its name and its reason
+        lines.append(f"{v.verdict}, no recommendation: {why}")
     # a broken over-length limit is named in the reason (autotune.tuning.measure.verdict)
     return lines
+
+
+def validation_block(rec: Recommendation) -> list[str]:
+    """Each re-measured config's validated figures (``study best`` and ``study show``,
+    under :func:`format_validation`'s verdict); empty before the phase is complete."""
+    v = rec.validation
+    if v is None or not rec.validated:
+        return []
+    return validated_lines(rec.figures, v)
+
+
+def study_hints(rec: Recommendation) -> list[str]:
+    """What to change in the study's config: widen the range when the recommended config's
+    capacity (validated, else in the study) is at its top (autotune.report.bounds)."""
+    if rec.lattice is None:
+        return []
+    # the validated capacity when there is one (the median of its runs), else the study's
+    n = rec.trial.optuna_trial_number
+    fig = next((f for f in rec.figures if f.trial == n and f.capacity is not None), None)
+    cap = fig.capacity if fig is not None and rec.validated else rec.capacity()
+    hint = widen_hint(cap, rec.lattice.high)
+    return [hint] if hint is not None else []
 
 
 def _spread(v: ValidationSummary) -> list[str]:
@@ -85,34 +126,50 @@ def format_recommendation(rec: Recommendation) -> str:
         # no config held its SLOs in every run: no `vllm serve` command to recommend
         # (`study best` exits 4, docs/tuning.md#7-validation); the study's own best follows,
         # marked as such
-        lines = [*format_validation(rec), "", "the study's best, not validated:"]
+        lines = [*format_validation(rec), *validation_block(rec)]
+        lines += ["", "the study's best, not validated:"]
     else:
         lines = [rec.command, "", yaml.safe_dump(rec.engine_args, sort_keys=False).rstrip(), ""]
     t, b = rec.trial, rec.baseline
     top = top_level_figures(t)
-    what = f"trial {t.optuna_trial_number} ({t.stage}): {t.objective:,.1f} output tok/s"
+    cap = rec.capacity()
     rps = capacity_rps(t)
-    if t.capacity_scale is not None:
-        what += f" at {t.capacity_scale:.3f}x the workload's rate"
-        if rps is not None:
-            what += f" ({rps:,.2f} req/s)"
-    lines.append(what)
-    n = replicas_needed(t.capacity_scale)
+    if not t.feasible:
+        # the baseline kept on its validation after failing in the study (an over-length
+        # cut judged pooled): its validated figures follow, not a "0.0 tok/s"
+        why = why_infeasible(t, rec.mode) or "infeasible"
+        lines.append(f"trial {t.optuna_trial_number} ({t.stage}): infeasible in the study: {why}")
+    else:
+        what = f"trial {t.optuna_trial_number} ({t.stage}): {t.objective or 0:,.1f} output tok/s"
+        if cap is not None and not cap.exact:
+            what += f" at {cap.text()} of the workload's rate"
+        elif t.capacity_scale is not None:
+            what += f" at {t.capacity_scale:.3f}x the workload's rate"
+            if rps is not None:
+                what += f" ({rps:,.2f} req/s)"
+        lines.append(what)
+    n = replicas_needed(t.capacity_scale) if t.feasible else None
     if n is not None and n > 1 and t.capacity_scale is not None:
         full = f" of {rps / t.capacity_scale:,.2f} req/s" if rps is not None else ""
         lines.append(
             f"  one replica serves {100 * t.capacity_scale:.0f} % of the workload's traffic "
             f"({rps or 0:,.2f}{full}): the traffic needs {n} replicas of this config"
         )
-    if top:
+    if top and t.feasible:
         lines.append(
             f"  p99 TTFT {top['p99_ttft_ms']:.1f} ms, p99 TPOT {top['p99_tpot_ms']:.1f} ms"
             if top["p99_ttft_ms"] is not None and top["p99_tpot_ms"] is not None
             else "  (no latency figures)"
         )
-    gain = rec.gain_pct
+    gain = rec.in_study_gain_text(unit="%")
     if b is None:
         lines.append("gain over baseline: n/a (no baseline trial in this study)")
+    elif gain is None and rec.validated:
+        lines.append(
+            f"gain over baseline in the study: none to give (baseline trial "
+            f"{b.optuna_trial_number} was infeasible there); the validated figures below "
+            "compare the configs"
+        )
     elif gain is None:
         lines.append(
             f"gain over baseline: n/a (baseline trial {b.optuna_trial_number} was "
@@ -121,12 +178,13 @@ def format_recommendation(rec: Recommendation) -> str:
     elif t is not b:
         lines.append(
             f"gain over baseline (trial {b.optuna_trial_number}, vLLM defaults "
-            f"{b.objective:,.1f} tok/s): {gain:+.1f}% in the study (one run each)"
+            f"{b.objective:,.1f} tok/s): {gain} in the study (one run each)"
         )
     else:
         lines.append("gain over baseline: none (the best trial is the baseline itself)")
     if not rec.undecided:
-        lines += format_validation(rec)
+        lines += format_validation(rec) + validation_block(rec)
+    lines += study_hints(rec)
     return "\n".join(lines)
 
 
@@ -136,6 +194,7 @@ def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
     t, b = rec.trial, rec.baseline
     top = top_level_figures(t) or {}
     iv = rec.interval
+    cap, base_cap = rec.capacity(), rec.capacity(b) if b is not None else None
     return {
         "schema": BEST_SCHEMA,
         "study": study,
@@ -148,6 +207,8 @@ def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
         "output_tok_s": t.objective,
         "capacity_scale": t.capacity_scale,
         "capacity_rps": capacity_rps(t),
+        # the search's status beside the number: "≥" at the top of the range, "<" below it
+        "capacity": cap.to_dict() if cap is not None else None,
         "replicas_needed": replicas_needed(t.capacity_scale),
         "p99_ttft_ms": top.get("p99_ttft_ms"),
         "p99_tpot_ms": top.get("p99_tpot_ms"),
@@ -158,6 +219,7 @@ def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
             "feasible": b.feasible,
             "output_tok_s": b.objective,
             "capacity_scale": b.capacity_scale,
+            "capacity": base_cap.to_dict() if base_cap is not None else None,
             "engine_args": b.engine_args,
         },
         "gain": {
@@ -175,6 +237,10 @@ def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
                 "confidence": iv.confidence,
                 "runs": iv.n,
             },
+            "in_study_text": rec.in_study_gain_text(),
             "text": gain_text(rec),
         },
+        # each re-measured config's validated figures (empty before validation completes)
+        "validated": validated_json(rec.figures) if rec.validated else [],
+        "hints": study_hints(rec),
     }

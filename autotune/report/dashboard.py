@@ -27,7 +27,9 @@ from autotune.store.optuna_ids import trial_id
 
 # the dashboard's name for the constraints' list, as tests and older callers import it
 from autotune.tuning.attrs import constraint_names, constraint_order, set_metric_name
+from autotune.tuning.measure.level_plan import lattice_of
 from autotune.tuning.run.context import RunHooks
+from autotune.tuning.study_attrs import read_noise
 
 if TYPE_CHECKING:
     from autotune.tuning.measure.trial import TrialOutcome
@@ -71,7 +73,7 @@ def note_trial(trial: optuna.Trial, out: TrialOutcome, cfg: StudyConfig) -> None
 
     names = constraint_order(list(out.score.constraints))
     with _guarded(f"the note of trial {trial.number}"):
-        dash.save_note(trial, trial_note(out.record, cfg.mode, names))
+        dash.save_note(trial, trial_note(out.record, cfg.mode, names, lattice_of(cfg)))
 
 
 @contextmanager
@@ -131,8 +133,8 @@ def refresh(
             continue
         live = optuna.trial.Trial(study, trial_id(frozen))  # save_note needs a live Trial
         if not dash.get_note(live):
-            dash.save_note(live, trial_note(t, cfg.mode, names))
-    view = study_view(record, cfg, list(trials), list(repeats))
+            dash.save_note(live, trial_note(t, cfg.mode, names, lattice_of(cfg)))
+    view = study_view(record, cfg, list(trials), list(repeats), read_noise(study))
     dash.save_note(study, study_note(view))
     if not plots:
         return []

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 import plotly.graph_objects as go
 import plotly.offline
 
+from autotune.report.best_output import format_validation, study_hints, validation_block
+from autotune.report.bounds import capacity_cell
 from autotune.report.levels import figure_cell
 from autotune.report.plots import figures
 from autotune.report.recommend import gain_text
@@ -22,6 +24,7 @@ from autotune.report.study_view import (
     stage_history,
 )
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
+from autotune.tuning.measure.level_plan import lattice_of
 
 __all__ = ["PLOT_CONFIG", "render_html"]
 
@@ -91,11 +94,23 @@ def _summary(view: StudyView) -> str:
     else:
         t = rec.trial
         rps = capacity_rps(t)
+        bound = rec.capacity()
         cap = f"x{t.capacity_scale:.3f} of the workload's rate" if t.capacity_scale else ""
         cap += f" ({rps:,.2f} req/s)" if rps is not None else ""
+        if bound is not None and not bound.exact:  # the top of the range: a lower bound
+            cap = f"{bound.text()} of the workload's rate"
+        big = (
+            f"{t.objective or 0:,.1f} output tok/s at capacity {cap}"
+            if t.feasible
+            else f"trial {t.optuna_trial_number} was infeasible in the study; validated below"
+        )
+        checked = [*format_validation(rec), *validation_block(rec)] if rec.validation else []
+        checked += study_hints(rec)
+        items = "".join(f"<li>{_e(line.strip())}</li>" for line in checked)
         head = (
-            f'<p class="big">{t.objective or 0:,.1f} output tok/s at capacity {_e(cap)}</p>'
+            f'<p class="big">{_e(big)}</p>'
             f'<p class="gain">Gain over vLLM\'s defaults: <b>{_e(gain_text(rec))}</b></p>'
+            + (f"<ul>{items}</ul>" if items else "")
         )
         # undecided: no config held its SLOs in every validation run, so no command
         # (docs/tuning.md#7-validation)
@@ -119,6 +134,7 @@ def _history(view: StudyView) -> str:
 
 def _trials(view: StudyView) -> str:
     best = view.rec.trial.optuna_trial_number if view.rec is not None else None
+    lattice = lattice_of(view.cfg)
     head = (
         "trial",
         "stage",
@@ -144,7 +160,7 @@ def _trials(view: StudyView) -> str:
             t.state.lower(),
             *(t.engine_args.get(k, "-") for k in ENGINE_KEYS),
             _num(t.objective),
-            _num(capacity_rps(t), ",.2f"),
+            capacity_cell(t, lattice, view.cfg.mode),
             figure_cell(lv, "p99_ttft_ms"),
             figure_cell(lv, "p99_tpot_ms"),
             why_infeasible(t, view.cfg.mode) or ("ok" if t.feasible else "-"),

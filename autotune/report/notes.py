@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from autotune.report.best_output import format_validation, study_hints, validation_block
+from autotune.report.bounds import capacity_cell, trial_capacity
 from autotune.report.levels import figure_cell, stop_note
 from autotune.report.recommend import gain_text
 from autotune.report.study_view import (
@@ -18,7 +20,9 @@ from autotune.report.study_view import (
     stage_history,
 )
 from autotune.store import TrialRecord
+from autotune.tuning.measure.capacity import Lattice
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
+from autotune.tuning.measure.level_plan import lattice_of
 
 __all__ = ["markdown_report", "study_note", "trial_note"]
 
@@ -47,15 +51,18 @@ def _engine_line(t: TrialRecord) -> str:
     return " · ".join(f"`{k}` {t.engine_args[k]}" for k in keys)
 
 
-def _headline(t: TrialRecord, mode: str) -> str:
+def _headline(t: TrialRecord, mode: str, lattice: Lattice | None = None) -> str:
     if t.state != "COMPLETE":
         return f"**{t.state.lower()}**"
     if not t.feasible:
         return f"**infeasible**: {why_infeasible(t, mode) or 'violates the SLOs'}"
     lv = t.headline_level()
     rps = capacity_rps(t)
+    cap = trial_capacity(t, lattice, mode)
     at = ""
-    if t.capacity_scale is not None:
+    if cap is not None and not cap.exact:  # the top of the range: a lower bound
+        at = f" at capacity {cap.text()}"
+    elif t.capacity_scale is not None:
         at = f" at capacity x{t.capacity_scale:.3f}" + (f" ({rps:,.2f} req/s)" if rps else "")
     lat = ""
     if lv is not None:
@@ -63,12 +70,18 @@ def _headline(t: TrialRecord, mode: str) -> str:
     return f"**{t.objective or 0:,.1f} output tok/s**{at}{lat}"
 
 
-def trial_note(t: TrialRecord, mode: str, constraint_names: Sequence[str] = ()) -> str:
-    """A trial's levels table, violations, diagnosis and launch command."""
+def trial_note(
+    t: TrialRecord,
+    mode: str,
+    constraint_names: Sequence[str] = (),
+    lattice: Lattice | None = None,
+) -> str:
+    """A trial's levels table, violations, diagnosis and launch command (``lattice``: the
+    study's, for its capacity's bound)."""
     out = [
         f"## Trial {t.optuna_trial_number} · {t.stage}",
         "",
-        _headline(t, mode),
+        _headline(t, mode, lattice),
         "",
         _engine_line(t),
         "",
@@ -123,8 +136,13 @@ def _summary_lines(view: StudyView) -> list[str]:
     else:
         t = rec.trial
         rps = capacity_rps(t)
+        bound = rec.capacity()
         cap = f" at x{t.capacity_scale:.3f}" if t.capacity_scale is not None else ""
         cap += f" ({rps:,.2f} req/s)" if rps is not None else ""
+        if bound is not None and not bound.exact:  # docs/usage.md#1-commands
+            cap = f" at {bound.text()}"
+        if not t.feasible:  # a baseline kept on its validation: its validated figures follow
+            cap = ", infeasible in the study"
         # undecided: no config held its SLOs in every validation run, no command
         # (docs/tuning.md#7-validation)
         head = "No recommendation; the study's best, not validated" if rec.undecided else ""
@@ -136,6 +154,10 @@ def _summary_lines(view: StudyView) -> list[str]:
             "",
             *([] if rec.undecided else ["```", rec.command, "```", ""]),
         ]
+        # the validation's verdict and each config's validated figures, and what to change
+        checked = [*format_validation(rec), *validation_block(rec)] if rec.validation else []
+        checked += study_hints(rec)
+        out += [*(f"- {line.strip()}" for line in checked), ""] if checked else []
     out += [_table(("", ""), details(view)), ""]
     return out
 
@@ -173,6 +195,7 @@ def study_note(view: StudyView) -> str:
 
 def markdown_report(view: StudyView, *, max_trials: int = 50) -> str:
     """The summary, baseline comparison, history and trials table, for pull requests."""
+    lattice = lattice_of(view.cfg)
     rows = []
     for t in view.trials[:max_trials]:
         lv = t.headline_level()
@@ -183,7 +206,7 @@ def markdown_report(view: StudyView, *, max_trials: int = 50) -> str:
                 t.state.lower(),
                 *(t.engine_args.get(k, "-") for k in ENGINE_KEYS),
                 _num(t.objective),
-                _num(capacity_rps(t), ",.2f"),
+                capacity_cell(t, lattice, view.cfg.mode),
                 figure_cell(lv, "p99_ttft_ms"),
                 figure_cell(lv, "p99_tpot_ms"),
                 why_infeasible(t, view.cfg.mode) or ("ok" if t.feasible else "-"),

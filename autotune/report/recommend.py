@@ -12,14 +12,24 @@ all when no config held its SLOs in every run (undecided); "not validated" befor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.redact import mask_argv
+from autotune.report.bounds import Capacity, gain_bound_text, trial_capacity
+from autotune.report.validated import (
+    ValidatedConfig,
+    format_interval,
+    interval_text,
+    validated_configs,
+)
 from autotune.store import RepeatRecord, TrialRecord
+from autotune.tuning.measure.capacity import Lattice
 from autotune.tuning.measure.findings import record_stopped, why_infeasible
 from autotune.tuning.measure.interval import Interval, ValidationSummary, summary_of
+from autotune.tuning.measure.level_plan import lattice_of
+from autotune.tuning.measure.noise import NoiseRecord
 from autotune.tuning.measure.scoring import Slo, record_rank
 from autotune.workers.vllm_command import deploy_argv, format_command
 
@@ -34,6 +44,10 @@ __all__ = [
 ]
 
 
+# the verdicts that name a config to run: a candidate, or the baseline ("keep")
+_PICKS = ("recommend", "keep", "no-baseline")
+
+
 @dataclass
 class Recommendation:
     trial: TrialRecord
@@ -44,6 +58,15 @@ class Recommendation:
     # the validation phase's figures (None: no plan; not complete: not validated yet)
     validation: ValidationSummary | None = None
     validation_enabled: bool = True  # strategy.validate.enabled
+    mode: str = "slo-capacity"
+    lattice: Lattice | None = None  # the study's capacity lattice (its bounds: report.bounds)
+    # each re-measured config's validated figures (autotune.report.validated)
+    figures: list[ValidatedConfig] = field(default_factory=list)
+
+    def capacity(self, t: TrialRecord | None = None) -> Capacity | None:
+        """A trial's capacity as shown, with its bound (default: the recommended trial)."""
+        t = self.trial if t is None else t
+        return trial_capacity(t, self.lattice, self.mode)
 
     @property
     def validated(self) -> bool:
@@ -57,10 +80,22 @@ class Recommendation:
 
     @property
     def undecided(self) -> bool:
-        """No config held its SLOs in every run: nothing to recommend, and no command to
-        print (docs/tuning.md#7-validation)."""
+        """The validation's verdict names no config to run: no config held its SLOs in
+        every run ("undecided"), or any other verdict that picks neither a candidate nor the
+        baseline (docs/tuning.md#7-validation). Nothing to recommend, no command to print."""
         v = self.validation
-        return self.validated and v is not None and v.verdict == "undecided"
+        return self.validated and v is not None and v.verdict not in _PICKS
+
+    def in_study_gain_text(self, unit: str = " %") -> str | None:
+        """The in-study gain with its bounds (``≥ +12.3 %`` when the best trial's capacity is
+        at the top of the range); None when there is none."""
+        gain = self.gain_pct
+        if gain is None or self.baseline is None:
+            return None
+        cand, base = self.capacity(), self.capacity(self.baseline)
+        return gain_bound_text(
+            gain, cand.status if cand else None, base.status if base else None, unit
+        )
 
     @property
     def interval(self) -> Interval | None:
@@ -91,17 +126,18 @@ def gain_text(rec: Recommendation) -> str:
         return f"keep your current config: {why}{best}"
     if rec.validated and v is not None and v.verdict == "no-baseline":
         return f"n/a ({why})"
-    if rec.undecided:
-        return f"undecided: {why}"
+    if rec.undecided and v is not None:
+        return f"{v.verdict}: {why}"
     if rec.validated and iv is not None:
-        return format_interval(iv)
+        c = next((f for f in rec.figures if not f.baseline and f.interval is iv), None)
+        return interval_text(c) if c is not None else format_interval(iv)
     gain = rec.gain_pct
     if b is None:
         return "n/a (no baseline trial in this study)"
     if gain is None:
         why = f": {b.failure_class}" if b.failure_class else ""
         return f"n/a (baseline trial {b.optuna_trial_number} was infeasible{why})"
-    return f"{gain:+.1f} % (not validated)"
+    return f"{rec.in_study_gain_text() or f'{gain:+.1f} %'} (not validated)"
 
 
 def replicas_needed(capacity_scale: float | None) -> int | None:
@@ -147,14 +183,18 @@ def top_level_figures(t: TrialRecord) -> dict[str, Any] | None:
 
 
 def recommend(
-    cfg: StudyConfig, trials: list[TrialRecord], repeats: list[RepeatRecord] | None = None
+    cfg: StudyConfig,
+    trials: list[TrialRecord],
+    repeats: list[RepeatRecord] | None = None,
+    noise: NoiseRecord | None = None,
 ) -> Recommendation | None:
     """The recommendation from the stored trials and, when given and complete, the
-    validation runs (``Store.repeats``)."""
+    validation runs (``Store.repeats``), judged against the server's ``noise``
+    (``study_attrs.stored_noise``) as the validation phase judged them."""
     done = [t for t in trials if t.state == "COMPLETE"]
     feasible = [t for t in done if t.feasible and t.objective is not None]
     baseline = next((t for t in done if t.stage == "baseline"), None)
-    summary = summary_of(cfg, repeats or [], trials)
+    summary = summary_of(cfg, repeats or [], trials, noise)
     by_number = {t.optuna_trial_number: t for t in done}
     best: TrialRecord | None = None
     if summary is not None and summary.complete and summary.verdict is not None:
@@ -179,17 +219,7 @@ def recommend(
         mask_argv(argv),
         summary,
         cfg.strategy.validate_.enabled,
+        cfg.mode,
+        lattice_of(cfg),
+        validated_configs(summary, repeats or [], cfg) if summary is not None else [],
     )
-
-
-def _pct(x: float) -> str:
-    return f"{x:+.1f} %"
-
-
-def format_interval(iv: Interval) -> str:
-    """E.g. ``+9.4 % (95 % CI +7.1 … +11.8 %, 3 paired runs)``."""
-    conf = f"{100 * iv.confidence:.1f}".rstrip("0").rstrip(".")
-    runs = f"{iv.n} paired run{'s' if iv.n != 1 else ''}"
-    if iv.n < 2:
-        return f"{_pct(iv.mean)} ({runs}: no interval; strategy.validate.repeats >= 2 gives one)"
-    return f"{_pct(iv.mean)} ({conf} % CI {iv.low:+.1f} … {iv.high:+.1f} %, {runs})"

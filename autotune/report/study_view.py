@@ -17,6 +17,7 @@ from autotune.config import StudyConfig
 from autotune.report.recommend import Recommendation, gain_text, recommend
 from autotune.store import LevelRecord, RepeatRecord, StudyRecord, TrialRecord
 from autotune.tuning.measure.findings import capacity_rps
+from autotune.tuning.measure.noise import NoiseRecord
 
 __all__ = [
     "ENGINE_KEYS",
@@ -71,9 +72,10 @@ def study_view(
     cfg: StudyConfig,
     trials: list[TrialRecord],
     repeats: list[RepeatRecord] | None = None,
+    noise: NoiseRecord | None = None,
 ) -> StudyView:
     """``repeats``: the validation runs (``Store.repeats``), for the gain's interval."""
-    return StudyView(record, cfg, trials, recommend(cfg, trials, repeats))
+    return StudyView(record, cfg, trials, recommend(cfg, trials, repeats, noise))
 
 
 def _fmt(v: Any) -> str:
@@ -159,9 +161,23 @@ def baseline_comparison(view: StudyView) -> list[tuple[str, str, str]]:
 
     def cap(t: TrialRecord) -> str:
         rps = capacity_rps(t)
+        bound = rec.capacity(t)
+        if bound is not None and not bound.exact:  # a bound, docs/usage.md#1-commands
+            return ("infeasible: " if bound.bound == "<" else "") + bound.text()
         if t.capacity_scale is None:
             return "infeasible" if t.feasible is False else "-"
         return f"x{t.capacity_scale:.3f}" + (f" ({rps:,.2f} req/s)" if rps is not None else "")
+
+    figs = {(f.trial, f.baseline): f for f in rec.figures} if rec.validated else {}
+
+    def validated(t: TrialRecord, baseline: bool) -> str:
+        f = figs.get((t.optuna_trial_number, baseline)) or figs.get(
+            (t.optuna_trial_number, not baseline)
+        )
+        if f is None:
+            return "-"
+        what = f.capacity.text() if f.capacity is not None else "-"
+        return f"{what}; held {f.held.all_held} of {f.held.all_runs} runs"
 
     def lat(t: TrialRecord, key: str) -> str:
         lv = _headline(t)
@@ -192,6 +208,11 @@ def baseline_comparison(view: StudyView) -> list[tuple[str, str, str]]:
             f"{best.kv_cache_tokens:,}" if best.kv_cache_tokens else "-",
         ),
         ("bottleneck", diag(base), diag(best)),
+        *(
+            [("validated capacity", validated(base, True), validated(best, False))]
+            if figs and view.cfg.mode == "slo-capacity"
+            else []
+        ),
         ("gain", "", gain_text(rec)),
     ]
     return rows

@@ -18,9 +18,11 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from autotune.report.bounds import trial_capacity
 from autotune.report.levels import record_stopped, stop_row
 from autotune.report.study_view import ENGINE_KEYS
 from autotune.store import StudySummary, TrialRecord
+from autotune.tuning.measure.capacity import Lattice
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 
 __all__ = [
@@ -57,10 +59,14 @@ def short_stage(stage: str) -> str:
     return _SHORT_STAGE.get(stage, stage)
 
 
-def show_rows(trials: Sequence[TrialRecord], mode: str = "slo-capacity") -> list[dict[str, Any]]:
-    """One mapping per trial (``study show --json``'s ``trials``)."""
+def show_rows(
+    trials: Sequence[TrialRecord], mode: str = "slo-capacity", lattice: Lattice | None = None
+) -> list[dict[str, Any]]:
+    """One mapping per trial (``study show --json``'s ``trials``); ``capacity`` carries the
+    search's status beside the number (autotune.report.bounds; ``lattice``: the study's)."""
     rows = []
     for t in trials:
+        cap = trial_capacity(t, lattice, mode)
         lv = t.headline_level()
         stop = record_stopped(lv)  # a stopped level shows only what it measured
         rows.append(
@@ -73,6 +79,7 @@ def show_rows(trials: Sequence[TrialRecord], mode: str = "slo-capacity") -> list
                 "feasible": t.feasible,
                 "capacity_scale": t.capacity_scale,
                 "capacity_rps": capacity_rps(t),
+                "capacity": cap.to_dict() if cap is not None else None,
                 "p99_ttft_ms": lv.p99_ttft_ms if lv is not None else None,
                 "p99_tpot_ms": lv.p99_tpot_ms if lv is not None else None,
                 **(stop_row(stop) if stop is not None else {"stopped": None}),
@@ -86,8 +93,15 @@ def show_rows(trials: Sequence[TrialRecord], mode: str = "slo-capacity") -> list
     return rows
 
 
-def show_json(study: str, mode: str, trials: Sequence[TrialRecord]) -> dict[str, Any]:
-    return {"schema": SHOW_SCHEMA, "study": study, "mode": mode, "trials": show_rows(trials, mode)}
+def show_json(
+    study: str, mode: str, trials: Sequence[TrialRecord], lattice: Lattice | None = None
+) -> dict[str, Any]:
+    return {
+        "schema": SHOW_SCHEMA,
+        "study": study,
+        "mode": mode,
+        "trials": show_rows(trials, mode, lattice),
+    }
 
 
 def list_json(studies: Sequence[StudySummary]) -> dict[str, Any]:
@@ -133,6 +147,15 @@ def _ge(row: dict[str, Any], key: str) -> str:
     """``≥`` before a stopped level's lower bound."""
     stop = row.get("stopped")
     return "≥" if stop and key in stop["bounds"] and row[key] is not None else ""
+
+
+def _cap(row: dict[str, Any]) -> str:
+    """The capacity cell: ``≥16.00`` at the top of the range, ``<1.00`` below its bottom
+    (the legend says so), the measured rate otherwise."""
+    cap = row.get("capacity")
+    if cap and cap["bound"] and cap["rps"] is not None:
+        return f"{cap['bound']}{cap['rps']:,.2f}"
+    return _f(row["capacity_rps"], ",.2f")
 
 
 def _lat(v: float | None) -> str:
@@ -190,7 +213,7 @@ def _cells(row: dict[str, Any], wide: bool) -> dict[str, str]:
         "stage": stage,
         **{k: "-" if ea.get(k) is None else f"{ea[k]:g}" for k in ENGINE_KEYS},
         "output_tok_s": _f(row["output_tok_s"], ",.1f"),
-        "capacity_rps": _f(row["capacity_rps"], ",.2f"),
+        "capacity_rps": _cap(row),
         **{k: _ge(row, k) + _lat(row[k]) for k in ("p99_ttft_ms", "p99_tpot_ms")},
         "violation": violation,
         "diagnosis": row["diagnosis"] or "-",
@@ -245,7 +268,13 @@ def show_table(
         if wide
         else "len = max_model_len, util = gpu_memory_utilization, seqs = max_num_seqs, "
         "batch = max_num_batched_tokens; tok/s = output tok/s at capacity; req/s = capacity; "
-        "TTFT/TPOT = p99 ms" + (f"; not shown: {', '.join(left)} (--wide)" if left else "")
+        "TTFT/TPOT = p99 ms"
+        + (
+            "; ≥ = at least (the top of the range), < = below the lowest load tried"
+            if any(c["capacity_rps"][:1] in ("≥", "<") for c in cells)
+            else ""
+        )
+        + (f"; not shown: {', '.join(left)} (--wide)" if left else "")
     )
     full = sum(natural(c) for c in chosen) + _SEP * (len(chosen) - 1)
     return table, legend, (full if wide else max(width, used))
