@@ -16,6 +16,7 @@ from autotune.cli.database import StorageOpt, need_study, study_store
 from autotune.errors import ConfigError, MissingExtraError
 from autotune.store.optuna_ids import study_id
 from autotune.tuning.run.create import load_study_config
+from autotune.tuning.study_attrs import stored_noise
 
 __all__ = ["dashboard", "report"]
 
@@ -59,7 +60,13 @@ def report(
 
     with study_store(storage, name) as store:
         rec = need_study(store, name)
-        view = study_view(rec, load_study_config(rec), store.trials(name), store.repeats(name))
+        view = study_view(
+            rec,
+            load_study_config(rec),
+            store.trials(name),
+            store.repeats(name),
+            stored_noise(store, name),
+        )
     out = console()
     if html is not None and render_html is not None:
         text = render_html(view)

@@ -27,6 +27,7 @@ from autotune.tuning.run.create import create_study, load_study_config
 from autotune.tuning.run.lanes import parse_devices, plan_lanes
 from autotune.tuning.run.status import study_plan
 from autotune.tuning.run.stopping import Interrupted
+from autotune.tuning.study_attrs import stored_noise
 
 __all__ = ["create", "run_cmd"]
 
@@ -183,7 +184,7 @@ def _run(
     console().print(f"{report.trials_run} trial(s) run ({report.stopped_by}{idle}).")
     cfg = load_study_config(store.get_study(name))  # type: ignore[arg-type]
     trials = store.trials(name)
-    rec = recommend(cfg, trials, store.repeats(name))
+    rec = recommend(cfg, trials, store.repeats(name), stored_noise(store, name))
     if rec is None:
         low = below_lowest_load(trials, cfg.mode)
         if low is not None:

@@ -6,7 +6,10 @@ the lower bound of that interval exceeds ``min_gain_pct`` and it held every SLO 
 repeat (the over-length limit pooled over its repeats, as validation judges it). One
 exception: an incumbent that broke an SLO or the over-length limit on today's traffic is
 replaced by the best validated feasible challenger ("incumbent infeasible"), whatever the
-gain; when no challenger is feasible either, the decision says so.
+gain; when no challenger is feasible either, the decision says so. When the challengers'
+gains lie inside the server's noise band (the validation's "too-noisy" verdict,
+docs/tuning.md#7-validation), nothing is promoted and the decision is "too-noisy", not "keep":
+the incumbent stays deployed, but the study could not tell the configs apart.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from autotune.tuning.measure.verdict import held_text
 
 __all__ = ["EXIT_KEEP", "EXIT_NONE_FEASIBLE", "EXIT_PROMOTED", "Decision", "DecisionKind", "decide"]
 
-DecisionKind = Literal["keep", "promote", "none-feasible"]
+DecisionKind = Literal["keep", "promote", "none-feasible", "too-noisy"]
 EXIT_KEEP, EXIT_PROMOTED, EXIT_NONE_FEASIBLE = 0, 3, 4
 
 
@@ -35,7 +38,9 @@ class Decision:
 
     @property
     def exit_code(self) -> int:
-        return {"keep": EXIT_KEEP, "promote": EXIT_PROMOTED}.get(self.kind, EXIT_NONE_FEASIBLE)
+        # too noisy to tell: nothing changes, as for "keep"
+        codes = {"keep": EXIT_KEEP, "too-noisy": EXIT_KEEP, "promote": EXIT_PROMOTED}
+        return codes.get(self.kind, EXIT_NONE_FEASIBLE)
 
 
 def _iv(iv: Interval) -> str:
@@ -106,6 +111,12 @@ def decide(
     top = eligible[0]
     iv = top.interval
     cand = by_number.get(top.trial_number)
+    band = summary.noise_band_pct
+    if summary.verdict == "too-noisy" or (
+        band is not None and iv is not None and iv.low > min_gain_pct and iv.mean <= band
+    ):
+        # the gain is inside the server's noise band: no promotion, and no "keep" either
+        return Decision("too-noisy", summary.reason or "too noisy to tell", cand, iv, True)
     if iv is not None and iv.low > min_gain_pct:
         return Decision(
             "promote",

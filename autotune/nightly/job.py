@@ -34,6 +34,7 @@ from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import load_study_config
 from autotune.tuning.run.events import OnEvent
 from autotune.tuning.search.plan import model_of
+from autotune.tuning.study_attrs import stored_noise
 
 __all__ = ["NightlyResult", "current_config", "rollback", "run_nightly", "study_config_for"]
 
@@ -216,7 +217,7 @@ def _run(
     run_study(name, store, timeout=cfg.budget.timeout_s, on_event=on_event, hooks=dashboard.HOOKS)
     stored = load_study_config(rec)
     trials = store.trials(name)
-    summary = summary_of(stored, store.repeats(name), trials)
+    summary = summary_of(stored, store.repeats(name), trials, stored_noise(store, name))
     d = decide(summary, trials, cfg.min_gain_pct)
     base.study_name = name
     base.decision, base.reason, base.exit_code = d.kind, d.reason, d.exit_code

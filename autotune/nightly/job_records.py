@@ -31,7 +31,7 @@ __all__ = [
 class DecisionRecord:
     deployment: str
     created_at: datetime
-    decision: str  # keep | promote | none-feasible | rollback
+    decision: str  # keep | promote | none-feasible | too-noisy | rollback
     reason: str
     incumbent: dict[str, Any]
     deployed: dict[str, Any]

@@ -36,6 +36,7 @@ from autotune.service.tuner_metrics import metrics_text
 from autotune.store import Store
 from autotune.store.db import ENV_VAR
 from autotune.tuning.run.create import create_study, load_study_config
+from autotune.tuning.study_attrs import stored_noise
 
 __all__ = ["MAX_BODY", "ROUTES", "Settings", "child_spawner", "make_app", "routes_of"]
 
@@ -126,7 +127,7 @@ def _study(store: Store, name: str) -> dict[str, Any] | None:
         return None
     trials = store.trials(name, with_levels=False)
     cfg = load_study_config(rec)
-    best = recommend(cfg, trials, store.repeats(name))
+    best = recommend(cfg, trials, store.repeats(name), stored_noise(store, name))
     return {
         "name": name,
         "mode": rec.mode,

@@ -17,7 +17,7 @@ from autotune.store.rows import NightlyDecisionRow, TrialRow
 
 __all__ = ["metrics_text"]
 
-_DECISIONS = ("keep", "promote", "none-feasible", "rollback")
+_DECISIONS = ("keep", "promote", "none-feasible", "too-noisy", "rollback")
 
 
 class _TunerCollector(Collector):

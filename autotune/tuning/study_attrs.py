@@ -14,10 +14,13 @@ import optuna
 from optuna.storages import BaseStorage
 
 from autotune.errors import StorageError
+from autotune.store import Store
 from autotune.tuning.attrs import enqueue_attrs
+from autotune.tuning.measure.noise import NoiseRecord
 from autotune.tuning.search.space import SpaceBounds, enqueue_params
 
 __all__ = [
+    "NOISE_KEY",
     "SCREENING_KEY",
     "VALIDATION_KEY",
     "WIDENED_KEY",
@@ -25,7 +28,10 @@ __all__ = [
     "bounds_from_json",
     "open_study",
     "read_header",
+    "read_noise",
     "read_widenings",
+    "stored_noise",
+    "write_noise",
     "write_validation",
     "write_widenings",
 ]
@@ -37,6 +43,7 @@ SCREENING_KEY = "autotune.max_model_len_screening"  # Screening.to_dict()
 PROJECTION_KEY = "autotune.nightly_projection"  # the nightly's Projection dicts
 WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/search/edges.py)
 VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/measure/validate.py)
+NOISE_KEY = "autotune.noise"  # the server's noise: NoiseRecord.to_dict() (tuning/measure/noise.py)
 
 
 def bounds_from_json(text: str) -> SpaceBounds:
@@ -92,6 +99,32 @@ def write_widenings(study: Any, widenings: Sequence[Mapping[str, Any]]) -> None:
 
 def write_validation(study: optuna.Study, summary: Any) -> None:
     study.set_user_attr(VALIDATION_KEY, summary)
+
+
+def write_noise(study: optuna.Study, record: NoiseRecord) -> None:
+    """Store the server's noise, measured once per study (docs/tuning.md#7-validation)."""
+    study.set_user_attr(NOISE_KEY, record.to_dict())
+
+
+def read_noise(study: Any) -> NoiseRecord | None:
+    """The stored noise record (of a study, or its user attributes); None: not measured
+    (a study from before it was, or the baseline's worker died while measuring it)."""
+    d = (study if isinstance(study, Mapping) else study.user_attrs).get(NOISE_KEY)
+    return NoiseRecord.from_dict(d) if isinstance(d, Mapping) else None
+
+
+def stored_noise(store: Store, name: str) -> NoiseRecord | None:
+    """The noise record of autotune study ``name`` as stored with its Optuna study (None:
+    no such study, or no record), for the readers that recompute its validation summary."""
+    rec = store.get_study(name)
+    if rec is None:
+        return None
+    storage = store.optuna_storage()
+    try:
+        sid = storage.get_study_id_from_name(rec.optuna_study_name)
+    except KeyError:
+        return None
+    return read_noise(storage.get_study_user_attrs(sid))
 
 
 def open_study(

@@ -124,6 +124,8 @@ SLOW: tuple[str, ...] = (
     "tests/test_nightly.py::test_unchanged_workload_keeps_exit_0",
     "tests/test_nightly.py::test_within_noise_keeps",
     "tests/test_nightly_prometheus.py::test_refresh_from_a_real_prometheus",
+    "tests/test_noise.py::test_a_sim_virtual_study_stores_the_noise_once",
+    "tests/test_noise.py::test_a_study_on_a_server_whose_throughput_varies_20_percent_ends_too_noisy",
     "tests/test_parallel.py::test_four_devices_four_lanes_each_worker_sees_only_its_own",
     "tests/test_parallel.py::test_sigterm_stops_every_lane_and_requeues_each_trial_once",
     "tests/test_report.py::test_dashboard_api_shows_names_constraints_engine_values_and_notes",

@@ -29,6 +29,7 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.store.records import RepeatRecord, TrialRecord
+from autotune.tuning.measure.noise import NoiseRecord
 from autotune.tuning.measure.tdist import t_quantile, t_two_sided
 from autotune.tuning.measure.verdict import Contender, Held, Verdict, held_in_study, verdict_of
 
@@ -185,6 +186,7 @@ class ValidationSummary:
     baseline_runs: int = 0  # its finished validation runs
     baseline_study_held: bool | None = None  # its run in the study held (None: not known)
     baseline_figure_range: tuple[float, float] | None = None
+    noise_band_pct: float | None = None  # the server's noise band (None: not measured)
 
     @property
     def complete(self) -> bool:
@@ -245,6 +247,7 @@ def summarize(
     sd_floor: float,
     max_overlength_rate: float,
     study_held: Mapping[int, bool] | None = None,
+    noise: NoiseRecord | None = None,
 ) -> ValidationSummary:
     """Per-candidate paired intervals and the verdict (:func:`verdict_of`). Pairs are formed
     per repeat from the runs where both the candidate and the baseline met their SLOs.
@@ -295,11 +298,18 @@ def summarize(
     verdict, chosen, best, reason = verdict_of(
         held,
         [
-            Contender(c.trial_number, c.held, c.interval.low if c.interval else None, c.mean_figure)
+            Contender(
+                c.trial_number,
+                c.held,
+                c.interval.low if c.interval else None,
+                c.mean_figure,
+                *((c.interval.mean, c.interval.high, c.interval.n) if c.interval else ()),
+            )
             for c in sorted(cands, key=candidate_rank, reverse=True)
         ],
         complete=done >= runs_planned,
         max_overlength_rate=max_overlength_rate,
+        noise=noise,
     )
     return ValidationSummary(
         mode=mode,
@@ -321,6 +331,7 @@ def summarize(
         baseline_runs=len(base_runs),
         baseline_study_held=held.study,
         baseline_figure_range=(min(base_figs), max(base_figs)) if base_figs else None,
+        noise_band_pct=noise.band_pct if noise is not None else None,
     )
 
 
@@ -328,9 +339,11 @@ def summary_of(
     cfg: StudyConfig,
     repeats: Sequence[RepeatRecord],
     trials: Sequence[TrialRecord] | None = None,
+    noise: NoiseRecord | None = None,
 ) -> ValidationSummary | None:
     """The paired intervals and verdict of a study's stored runs (None: no plan); with the
-    study's ``trials``, each config's run in the study counts as one of its runs."""
+    study's ``trials``, each config's run in the study counts as one of its runs; with the
+    server's ``noise`` (the study attribute), gains inside its band are too noisy to tell."""
     if not repeats:
         return None
     base = next((r.trial_number for r in repeats if r.role == "baseline"), -1)
@@ -371,4 +384,5 @@ def summary_of(
             if t.state == "COMPLETE"
             and any(r.trial_number == t.optuna_trial_number for r in repeats)
         },
+        noise=noise,
     )

@@ -22,6 +22,7 @@ from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
 from autotune.tuning.attrs import constraint_names, constraint_order
 from autotune.tuning.measure.level_plan import LevelPlan, Measured, MeasuredLevel, measure
+from autotune.tuning.measure.noise import NoiseRecord, measure_noise
 from autotune.tuning.measure.outcome import level_record
 from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.scoring import (
@@ -76,6 +77,8 @@ class TrialOutcome:
     # set when this attempt ended FAIL for a death that was not the configuration's doing:
     # why, for the retry's line; the caller queues the configuration again
     retry: str | None = None
+    # the server's noise, when the caller asked for it (the baseline, once per study)
+    noise: NoiseRecord | None = None
 
 
 async def _replay(
@@ -135,13 +138,16 @@ async def run_trial(
     engine_args: Mapping[str, Any],
     position: tuple[int, int] | None = None,
     first_attempt: bool = False,
+    noise: bool = False,
 ) -> TrialOutcome:
     """Run one configuration end to end. Never raises for a worker failure; re-raises
     cancellation after stopping the worker and marking the stored trial FAIL.
     ``first_attempt``: the configuration has not run before, so a death from outside
     (``KILLED``, ``HUNG``) ends this attempt FAIL with :attr:`TrialOutcome.retry` set
-    instead of being its verdict."""
+    instead of being its verdict. ``noise``: after the search, replay its boundary level
+    twice more on the same worker (the server's noise, docs/tuning.md#7-validation)."""
     cfg, runner, store = setup.cfg, setup.runner, setup.store
+    noise_rec: NoiseRecord | None = None
     emit = setup.on_event or (lambda _e: None)
     rec = TrialRecord(
         study_name=setup.study_name,
@@ -191,6 +197,10 @@ async def run_trial(
                 max_concurrency=info.max_concurrency,
             )
             measured, failure = await _replay(setup, rec, number)
+            if noise and measured is not None and failure is None:
+                noise_rec = await measure_noise(
+                    runner, setup.workload, setup.plan, measured, trial=number
+                )
     except BaseException:
         # when the database is what failed, the error that says so is the one to keep: the
         # row is reconciled by the next start (docs/faults.md#4-database-outages)
@@ -241,7 +251,7 @@ async def run_trial(
             rec,
         )
     )
-    return TrialOutcome(score, rec, failure)
+    return TrialOutcome(score, rec, failure, noise=noise_rec)
 
 
 def _attempt_failed(store: Store, rec: TrialRecord, failure: str, names: list[str]) -> TrialOutcome:

@@ -30,6 +30,7 @@ from autotune.store import RepeatRecord, Store, TrialRecord
 from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.level_plan import LevelPlan, Measured, measure
+from autotune.tuning.measure.noise import NoiseRecord
 from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.scoring import Slo, record_rank, worst_slo_margin
 from autotune.tuning.run.events import (
@@ -318,9 +319,11 @@ async def run_validation(
     deadline: float | None = None,
     on_event: OnEvent | None = None,
     publish: Callable[[dict[str, Any]], None] | None = None,
+    noise: NoiseRecord | None = None,
 ) -> ValidationOutcome:
     """Plan the phase (once per study), run its pending runs in order until done or
-    ``deadline`` (``time.monotonic()``), and ``publish`` the summary once complete."""
+    ``deadline`` (``time.monotonic()``), and ``publish`` the summary once complete; its
+    verdict weighs the gains against the server's ``noise`` when it was measured."""
     if not cfg.strategy.validate_.enabled:
         return ValidationOutcome(0, None, None)
     emit = on_event or (lambda _e: None)
@@ -371,7 +374,7 @@ async def run_validation(
                 cfg.mode,
             )
         )
-    summary = summary_of(cfg, store.repeats(name), store.trials(name))
+    summary = summary_of(cfg, store.repeats(name), store.trials(name), noise)
     if summary is not None and summary.complete:
         if publish is not None:
             publish(summary.to_dict())

@@ -14,6 +14,13 @@ alone (a resample that happens to lack the trace's rare long request lets it pas
 - ``no-baseline``: the baseline broke the SLOs (a run or the pooled over-length limit) and a
   candidate held in every run: that candidate is recommended, whatever its gain, as the
   nightly job replaces an infeasible incumbent (docs/nightly.md#5-promote-or-keep);
+- ``too-noisy``: the baseline held in every run and the server's noise (measured once per
+  study, :mod:`autotune.tuning.measure.noise`) cannot tell the candidates from it: no
+  candidate that held every run beats it beyond noise and beyond the noise band, and not
+  every candidate is worse than it beyond the band (or broke its SLOs). Nothing is
+  recommended and the baseline is not "kept" either; the reason gives the gains, the band
+  and the runs. Without a noise record (a study from before it was measured) there is no
+  band, and ``recommend`` and ``keep`` are decided as above;
 - ``undecided``: no config held in every run. Nothing is recommended: the runs cannot tell a
   config that breaks the latency or error SLOs from noise, and more repeats can; a
   ``max_model_len`` that cuts too many requests of the fresh samples, the baseline's
@@ -22,15 +29,17 @@ alone (a resample that happens to lack the trace's rare long request lets it pas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from autotune.store.records import TrialRecord
+from autotune.tuning.measure.noise import NoiseRecord
 
 __all__ = ["Contender", "Held", "Verdict", "held_in_study", "held_text", "verdict_of"]
 
-Verdict = Literal["recommend", "keep", "no-baseline", "undecided"]
+Verdict = Literal["recommend", "keep", "no-baseline", "too-noisy", "undecided"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,17 @@ class Contender:
     held: Held
     low: float | None  # the lower bound of its paired gain interval (None: no pairs)
     mean_figure: float | None  # its mean figure over the runs that held
+    gain: float | None = None  # its mean paired gain, percent (None: no pairs)
+    high: float | None = None  # the upper bound of that interval
+    pairs: int = 0  # the paired runs behind it
+
+    def beyond(self, band: float) -> bool:
+        """It beats the baseline beyond noise and beyond the noise band ``band``."""
+        return self.low is not None and self.low > 0 and self.gain is not None and self.gain > band
+
+    def worse(self, band: float) -> bool:
+        """It is worse than the baseline beyond the noise band ``band``."""
+        return self.gain is not None and self.gain < -band
 
 
 def held_text(h: Held) -> str:
@@ -117,17 +137,72 @@ def _broke(h: Held, limit: float) -> str:
     return " and ".join(parts)
 
 
+Decided = tuple[Verdict | None, int | None, int | None, str | None]
+
+
+def _gain_text(c: Contender) -> str:
+    if c.gain is None:
+        return f"trial {c.trial}: no paired run"
+    iv = (
+        f"interval {c.low:+.1f} … {c.high:+.1f} %, "
+        if c.low is not None and c.high is not None and math.isfinite(c.low)
+        else ""
+    )
+    runs = f"{c.pairs} paired run{'s' if c.pairs != 1 else ''}"
+    return f"trial {c.trial} {c.gain:+.1f} % ({iv}{runs})"
+
+
+def _with_band(
+    ranked: Sequence[Contender],
+    eligible: Sequence[Contender],
+    best: int | None,
+    noise: NoiseRecord,
+    limit: float,
+) -> Decided:
+    """The baseline held every run and the server's noise band is known: recommend a
+    candidate beyond noise and the band, keep when every candidate is worse beyond the band
+    or broke its SLOs, else too noisy to tell (docs/tuning.md#7-validation)."""
+    band = noise.band_pct
+    top = next((c for c in eligible if c.beyond(band)), None)
+    if top is not None:
+        why = (
+            f"trial {top.trial} held the SLOs {held_text(top.held)} and beats it beyond noise: "
+            f"{_gain_text(top)}, beyond the noise band; {noise.text()}"
+        )
+        return "recommend", top.trial, top.trial, why
+    unclear = [c for c in eligible if not c.worse(band)]
+    if not unclear:
+        why = _why_keep(ranked, limit)
+        if eligible:
+            why += f"; every candidate that held them is worse beyond noise ({noise.text()})"
+        return "keep", None, best, why
+    gains = "; ".join(_gain_text(c) for c in unclear)
+    why = (
+        "too noisy to tell on this server: no candidate gains beyond noise (interval above 0) "
+        f"and beyond the noise band, nor loses beyond the band: {gains}; {noise.text()}"
+    )
+    return "too-noisy", None, best, why
+
+
 def verdict_of(
-    base: Held, ranked: Sequence[Contender], *, complete: bool, max_overlength_rate: float
-) -> tuple[Verdict | None, int | None, int | None, str | None]:
+    base: Held,
+    ranked: Sequence[Contender],
+    *,
+    complete: bool,
+    max_overlength_rate: float,
+    noise: NoiseRecord | None = None,
+) -> Decided:
     """(verdict, the recommended trial, the candidate whose interval is reported, the
     reason) from the baseline and the candidates ranked best first (by lower bound, then
-    mean gain, then mean figure). No verdict while runs are missing."""
+    mean gain, then mean figure), and the server's noise when it was measured. No verdict
+    while runs are missing."""
     limit = max_overlength_rate
     eligible = [c for c in ranked if c.held.every]
     best = (eligible or list(ranked))[0].trial if ranked else None
     if not complete or not ranked:
         return None, None, best, None
+    if base.every and noise is not None:
+        return _with_band(ranked, eligible, best, noise, limit)
     if base.every:
         top = eligible[0] if eligible else None
         if top is not None and top.low is not None and top.low > 0:

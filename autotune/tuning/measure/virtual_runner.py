@@ -47,6 +47,13 @@ class VirtualRunner:
         self.warmup = warmup
         self.early_stop = early_stop  # None: every level replays to its end
         self.args: EngineArgs | None = None
+        self.draw = 0  # the jitter stream (0: the study's own); see redraw()
+
+    def redraw(self, k: int) -> None:
+        """Draw jitter stream ``k`` for the next levels, until stop(): a repeat of a level
+        with fresh noise (the server's noise, docs/tuning.md#7-validation); 0 is the
+        study's own stream (docs/tuning.md#2-common-random-numbers)."""
+        self.draw = k
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
         args = sim_engine_args(engine_args, self.static)
@@ -76,7 +83,7 @@ class VirtualRunner:
             self.hardware,
             self.args,
             scale_rate(workload, scale),
-            seed=jitter_seed(self.seed, scale),
+            seed=jitter_seed(self.seed ^ (0x9E3779B9 * self.draw), scale),  # draw 0: the seed
             jitter_cv=self.jitter_cv,
             warmup=self.warmup,
             early_stop=self.early_stop,
@@ -90,4 +97,4 @@ class VirtualRunner:
         return None
 
     async def stop(self) -> None:
-        self.args = None
+        self.args, self.draw = None, 0

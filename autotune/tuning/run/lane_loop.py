@@ -128,6 +128,8 @@ async def run_trials(
                         ),
                     ),
                     first_attempt=not attrs.retry_history(frozen),
+                    # the server's noise, once per study: a resumed study has it stored
+                    noise=stage_name == "baseline" and study_attrs.read_noise(study) is None,
                 )
             except BaseException as exc:
                 # failed in both stores and queued again, once (docs/faults.md)
@@ -148,6 +150,8 @@ async def run_trials(
                 if line and setup.on_event is not None:
                     setup.on_event(TrialAbandoned(trial.number, line))
                 continue
+            if out.noise is not None:  # docs/tuning.md#7-validation
+                study_attrs.write_noise(study, out.noise)
             # constraints and attributes, then the trial's note (docs/report.md)
             attrs.write_trial_summary(study, trial, trial_summary(out, cfg), out.score.constraints)
             if ctx.hooks is not None:
@@ -203,4 +207,5 @@ async def _validate(ctx: RunContext, t0: float, gpus: str | None) -> ValidationO
         deadline=None if timeout is None else t0 + timeout,
         on_event=ctx.on_event,
         publish=lambda summary: study_attrs.write_validation(ctx.study, summary),
+        noise=study_attrs.read_noise(ctx.study),
     )
