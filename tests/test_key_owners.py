@@ -32,6 +32,7 @@ LEVEL_KEYS: dict[str, tuple[str, ...]] = {
     "sent_requests": (_OUTCOME,),
     "last_sent_at_s": (_OUTCOME,),
     "worker_death": (_OUTCOME,),
+    "sample_requests": ("autotune/workload/sustain.py",),  # a looped level's sample size
 }
 # reads of the same word in a different record, which no owner writes: (path, key) -> why
 OTHER_RECORDS = {

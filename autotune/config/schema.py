@@ -290,6 +290,12 @@ class StrategyConfig(ConfigModel):
     # slo-capacity: end a level as soon as its verdict is certain
     # (docs/tuning.md#10-early-stop-inside-a-level)
     early_stop: bool = True
+    # every level lasts at least min_level_s engine seconds at its load and holds at least
+    # min_level_requests requests, the sample looped when it is shorter; 0 turns a minimum off
+    # (docs/tuning.md#13-level-length). Capped at a day and a million requests: the looped
+    # level is held in memory, and more than that is a typo, not a plan
+    min_level_s: float = Field(30.0, ge=0, le=86400.0)
+    min_level_requests: int = Field(200, ge=0, le=1_000_000)
     validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
 
     @model_validator(mode="after")

@@ -143,6 +143,8 @@ SLOW: tuple[str, ...] = (
     "tests/test_stages.py::test_fixed_rate_study_recommends_the_widest_margin",
     "tests/test_stages.py::test_a_sim_study_with_a_fixed_kv_size_runs_no_memory_trial",
     "tests/test_stopped_levels.py::test_a_stopped_level_reports_a_rate_violation_only_when_the_requests_sent_make_it_certain",
+    "tests/test_sustain.py::test_a_short_sample_at_a_high_load_is_judged_over_a_sustained_level",
+    "tests/test_sustain.py::test_the_loop_reaches_both_minimums_with_the_fewest_whole_copies_at_the_same_rate",
     "tests/test_store_schema.py::test_shares_a_database_with_optuna",
     "tests/test_study.py::test_a_trial_a_killed_run_left_running_is_failed_and_retried_at_the_next_start",
     "tests/test_study.py::test_cli_end_to_end",

@@ -25,6 +25,7 @@ from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.scoring import LevelScore, Slo, score_level
 from autotune.workload.core import Workload
+from autotune.workload.sustain import sustain
 
 __all__ = [
     "LevelPlan",
@@ -57,6 +58,10 @@ class LevelPlan:
     lattice: Lattice
     max_levels: int  # the capacity search's safety cap
     early_stop: StopRule | None  # what the runner stops a level by (None: full replays)
+    # the sample looped until a level lasts this many engine seconds at its load and holds
+    # this many requests (0: no minimum; docs/tuning.md#13-level-length)
+    min_level_s: float = 0.0
+    min_level_requests: int = 0
     # re-measure the capacity search's two boundary points to a majority even when its runs
     # never disagreed (docs/tuning.md#1-the-capacity-lattice, "Noise"); False: only then
     confirm_capacity: bool = False
@@ -75,6 +80,8 @@ class LevelPlan:
             lattice=lattice_of(cfg, resolution),
             max_levels=cfg.strategy.capacity_levels if max_levels is None else max_levels,
             early_stop=rule_of(cfg),
+            min_level_s=cfg.strategy.min_level_s,
+            min_level_requests=cfg.strategy.min_level_requests,
         )
 
     @classmethod
@@ -147,7 +154,11 @@ async def measure(
                 break
             scale = lattice.scale(k)
         progress = on_start(scale) if on_start is not None else None
-        out = await runner.run_level(workload, scale, progress=progress)
+        # a sample too short for this load is looped (docs/tuning.md#13-level-length)
+        wl = sustain(workload, scale, plan.min_level_s, plan.min_level_requests)
+        out = await runner.run_level(wl, scale, progress=progress)
+        if wl is not workload:
+            out = dataclasses.replace(out, sample_requests=len(workload))
         ls = score_level(
             out.metrics,
             plan.slo,

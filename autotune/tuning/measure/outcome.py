@@ -23,6 +23,7 @@ from autotune.telemetry.diagnosis import Diagnosis
 from autotune.telemetry.summary import LevelTelemetry
 from autotune.tuning.measure.scoring import LevelScore
 from autotune.workers.watch import DeathReport
+from autotune.workload.sustain import looped_stored
 
 __all__ = ["LevelDeath", "LevelOutcome", "level_record", "replay_seconds"]
 
@@ -98,6 +99,9 @@ class LevelOutcome:
     diagnosis: Diagnosis | None = None
     death: LevelDeath | None = None
     replay_s: float | None = None
+    # the sample's requests when the level looped it (docs/tuning.md#13-level-length); None:
+    # the level replayed the sample as it is
+    sample_requests: int | None = None
 
     @property
     def stop(self) -> StopInfo | None:
@@ -121,6 +125,8 @@ def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
         stored.update(m.client_limit.stored())
     if out.death is not None:
         stored.update(out.death.stored_metrics())
+    if out.sample_requests is not None:
+        stored.update(looped_stored(out.sample_requests))
     return LevelRecord(
         level_index=i,
         scale=out.scale,
