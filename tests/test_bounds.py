@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.runners import NoisyRunner
 from support.studies import config
 from typer.testing import CliRunner
@@ -26,11 +27,14 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.report.best_output import format_recommendation
 from autotune.report.bounds import gain_bound_text, trial_capacity, widen_hint
+from autotune.report.notes import markdown_report
 from autotune.report.recommend import recommend
+from autotune.report.study_view import study_view
 from autotune.store import LevelRecord, Store, TrialRecord
 from autotune.tuning.measure.level_plan import lattice_of
 from autotune.tuning.measure.validate import run_validation
 from autotune.tuning.run import create
+from autotune.tuning.run.events import TrialDone
 
 RATE = 4.0  # the BASE workload's rate (tests/support/studies.py)
 
@@ -217,7 +221,7 @@ def test_best_show_and_export_carry_the_validated_capacities(tmp_path: Path) -> 
     # trial 2's true capacity lies above the lattice: every run of it ends at the top
     spec = {1: (1.0, 0.02), 2: (1.5, 0.02), 3: (9.0, 0.02)}
     trials = [_trial(n, [], c) for n, c in ((0, 1.0), (1, 1.5), (2, 3.0))]
-    _, url = _validated(tmp_path, spec, trials)
+    cfg, url = _validated(tmp_path, spec, trials)
     cli = CliRunner()
     best = cli.invoke(app, ["study", "best", "t", "--storage", url])
     show = cli.invoke(app, ["study", "show", "t", "--storage", url], env={"COLUMNS": "400"})
@@ -243,6 +247,14 @@ def test_best_show_and_export_carry_the_validated_capacities(tmp_path: Path) -> 
     shown = json.loads(cli.invoke(app, ["study", "show", "t", "--storage", url, "--json"]).output)
     assert shown["validation"]["verdict"] == body["validation"]["summary"]["verdict"]
     assert [c["trial"] for c in shown["validation"]["configs"]] == [0, 1, 2]
+    # the Markdown report (and the dashboard's study note, from the same lines) too
+    with Store.open(url) as store:
+        record = store.get_study("t")
+        assert record is not None
+        view = study_view(record, cfg, store.trials("t"), store.repeats("t"))
+    md = markdown_report(view)
+    assert "- baseline, trial 0: the SLOs held in 4 of 4 runs; validated capacity x" in md
+    assert "| validated capacity | x" in md and "≥ x3.974" in md
     res = cli.invoke(app, ["study", "export", "t", "--format", "csv", "--storage", url])
     by = {r["trial"]: r for r in csv.DictReader(io.StringIO(res.output))}
     assert by["0"]["validated_slo_held"] == "4/4" and by["0"]["validated_capacity_scale"]
@@ -266,3 +278,34 @@ def test_a_baseline_infeasible_in_the_study_shows_its_validated_capacity(tmp_pat
     assert "the SLOs held in 4 of 4 runs; validated capacity x" in base
     show = cli.invoke(app, ["study", "show", "t", "--storage", url], env={"COLUMNS": "400"})
     assert base in show.output.splitlines() and "keep your current config" in show.output
+
+
+def test_the_progress_line_of_a_trial_at_the_top_is_a_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from autotune.cli.progress import progress_printer
+
+    cfg, _ = config()
+    lat = lattice_of(cfg)
+    base, top, _low = _trials(cfg)
+    show = progress_printer()
+    for t, status in ((top, "at_top"), (base, "found")):
+        show(
+            TrialDone(
+                t.optuna_trial_number,
+                stage=t.stage,
+                objective=t.objective or 0.0,
+                feasible=True,
+                failure_class=None,
+                capacity_scale=t.capacity_scale,
+                capacity_status=status,
+                constraints={},
+                mode=cfg.mode,
+                record=t,
+            )
+        )
+    at_top, found = capsys.readouterr().out.splitlines()
+    s = lat.scale(lat.top)
+    assert at_top.endswith(f"at ≥ x{s:.3f} (≥ {RATE * s:,.2f} req/s; top of the range)")
+    m = lat.scale(lat.top // 2)
+    assert found.endswith(f"at x{m:.3f} ({RATE * m:,.2f} req/s)") and "≥" not in found
