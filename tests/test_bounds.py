@@ -309,3 +309,30 @@ def test_the_progress_line_of_a_trial_at_the_top_is_a_bound(
     assert at_top.endswith(f"at ≥ x{s:.3f} (≥ {RATE * s:,.2f} req/s; top of the range)")
     m = lat.scale(lat.top // 2)
     assert found.endswith(f"at x{m:.3f} ({RATE * m:,.2f} req/s)") and "≥" not in found
+
+
+def test_a_capacity_measured_more_than_once_shows_its_spread(tmp_path: Path) -> None:
+    # the point above the capacity held once and failed twice: its majority failed, the
+    # runs went up and down with load, and best, show and the JSON say so
+    cfg, _ = config()
+    lat = lattice_of(cfg)
+    mid, up = lat.scale(lat.top // 2), lat.scale(lat.top // 2 + 1)
+    levels = [_lv(lat.scale(lat.top), False), _lv(mid, True), _lv(up, False), _lv(up, True)]
+    noisy = _trial(0, [*levels, _lv(up, False)], mid)
+    plain = _trial(1, [_lv(lat.scale(lat.top), False), _lv(mid, True), _lv(up, False)], mid)
+    rec = recommend(cfg, [noisy])
+    assert rec is not None
+    text = format_recommendation(rec)
+    line = f"  capacity's spread: held 1/1, next point up 1/3; uncertain between x{mid:.3f}"
+    assert line in text and "(feasibility went up and down with load)" in text
+    other = recommend(cfg, [plain])
+    assert other is not None and "capacity's spread" not in format_recommendation(other)
+    _, url = _stored(tmp_path, [noisy, plain])
+    show = CliRunner().invoke(app, ["study", "show", "t", "--storage", url])
+    said = " ".join(show.output.split())
+    assert "trial 0 capacity's spread: held 1/1, next point up 1/3" in said
+    assert "trial 1 capacity's spread" not in said
+    got = CliRunner().invoke(app, ["study", "show", "t", "--json", "--storage", url])
+    rows = json.loads(got.output)
+    spread = rows["trials"][0]["capacity"]["spread"]
+    assert (spread["held"], spread["above_held"], spread["monotone"]) == ("1/1", "1/3", False)

@@ -26,7 +26,14 @@ from autotune.report.best_output import (
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import no_feasible_reason, recommend
 from autotune.report.study_export import export_csv, export_json
-from autotune.report.tables import list_json, list_table, show_json, show_rows, show_table
+from autotune.report.tables import (
+    list_json,
+    list_table,
+    show_json,
+    show_rows,
+    show_table,
+    spread_lines,
+)
 from autotune.store import NoDatabaseError
 from autotune.tuning.measure.interval import summary_of
 from autotune.tuning.measure.level_plan import lattice_of
@@ -105,7 +112,7 @@ def show(
         Console(width=width).print(escape(legend), highlight=False)
     for line in plan:
         Console(width=width).print(f"plan: {escape(line)}", highlight=False)
-    for line in validation + hints:
+    for line in spread_lines(trials, study.mode, lattice) + validation + hints:
         Console(width=width).print(escape(line), highlight=False)
 
 

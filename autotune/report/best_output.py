@@ -148,6 +148,9 @@ def format_recommendation(rec: Recommendation) -> str:
             if rps is not None:
                 what += f" ({rps:,.2f} req/s)"
         lines.append(what)
+        spread = cap.spread_text() if cap is not None else None
+        if spread:  # docs/tuning.md#1-the-capacity-lattice, "Noise"
+            lines.append(f"  capacity's spread: {spread}")
     n = replicas_needed(t.capacity_scale) if t.feasible else None
     if n is not None and n > 1 and t.capacity_scale is not None:
         full = f" of {rps / t.capacity_scale:,.2f} req/s" if rps is not None else ""

@@ -98,9 +98,39 @@ class Capacity:
             return "-"
         return f"{self.bound}{self.rps:,.2f}"
 
+    def spread_text(self) -> str | None:
+        """How sure the capacity is, when a point was measured more than once or the runs
+        went up and down with load (None otherwise: one run per point, monotone), e.g.
+        ``held 2/3, next point up 1/3; uncertain between x1.010 and x1.041 (feasibility
+        went up and down with load)``."""
+        sp = self.spread
+        if sp is None:
+            return None
+        rerun = any(r is not None and r.total > 1 for r in (sp.at, sp.above))
+        if sp.monotone and not rerun:
+            return None
+        text = sp.text()
+        return text + ("" if sp.monotone else " (feasibility went up and down with load)")
+
     def to_dict(self) -> dict[str, object]:
-        """What an export carries beside the number: the status and the bound."""
-        return {"scale": self.scale, "rps": self.rps, "status": self.status, "bound": self.bound}
+        """What an export carries beside the number: the status, the bound and (when read)
+        the spread: runs held at the capacity and the next point up, the uncertain band."""
+        sp = self.spread
+        return {
+            "scale": self.scale,
+            "rps": self.rps,
+            "status": self.status,
+            "bound": self.bound,
+            "spread": None
+            if sp is None
+            else {
+                "held": sp.at.text() if sp.at is not None else None,
+                "above_held": sp.above.text() if sp.above is not None else None,
+                "band_low": sp.band_low,
+                "band_high": sp.band_high,
+                "monotone": sp.monotone,
+            },
+        }
 
 
 def status_at(scale: float | None, lattice: Lattice) -> str | None:

@@ -35,6 +35,7 @@ __all__ = [
     "show_json",
     "show_rows",
     "show_table",
+    "spread_lines",
 ]
 
 SHOW_SCHEMA = "autotune.study-show/1"
@@ -91,6 +92,19 @@ def show_rows(
             }
         )
     return rows
+
+
+def spread_lines(trials: Sequence[TrialRecord], mode: str, lattice: Lattice | None) -> list[str]:
+    """Under ``study show``'s table: the capacity's spread of each trial whose boundary was
+    measured more than once or whose runs went up and down with load
+    (docs/tuning.md#1-the-capacity-lattice, "Noise")."""
+    out = []
+    for t in trials:
+        cap = trial_capacity(t, lattice, mode)
+        text = cap.spread_text() if cap is not None else None
+        if text:
+            out.append(f"trial {t.optuna_trial_number} capacity's spread: {text}")
+    return out
 
 
 def show_json(
