@@ -31,7 +31,7 @@ from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload import LogNormal, arrivals, random_workload, synthetic_workload
 from autotune.workload.build import build_workload
 from autotune.workload.core import Workload, WorkloadRequest
-from autotune.workload.sustain import copies_needed, sample_requests, sustain
+from autotune.workload.sustain import MAX_LEVEL_REQUESTS, copies_needed, sample_requests, sustain
 
 MODEL = get_model("meta-llama/Llama-3.1-8B-Instruct")
 HW = get_hardware("A100-80GB")
@@ -148,6 +148,14 @@ def test_a_sample_long_enough_is_the_same_object() -> None:
     assert len(sustain(wl, 4.0, 30.0, 200)) == 400  # 25 s at 4x: one more copy
     with pytest.raises(ValueError, match="scale"):
         sustain(wl, 0.0, 30.0, 0)
+
+
+def test_a_sample_that_would_loop_past_the_cap_is_one_line_naming_the_field() -> None:
+    # 3 requests in 3 ms: a day at 16x would be 1.4e9 copies
+    wl = sample(3, 1000.0)
+    assert len(sustain(wl, 16.0, 30.0, 0)) <= MAX_LEVEL_REQUESTS
+    with pytest.raises(ConfigError, match=r"strategy\.min_level_s 86400 s at load x16: the 3-"):
+        sustain(wl, 16.0, 86400.0, 0)
 
 
 # -- the config, the plan and the stored level ----------------------------------------------

@@ -31,11 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from autotune.errors import ConfigError
 from autotune.workload.core import Workload, WorkloadRequest
 
-__all__ = ["copies_needed", "looped_stored", "sample_requests", "sustain"]
+__all__ = ["MAX_LEVEL_REQUESTS", "copies_needed", "looped_stored", "sample_requests", "sustain"]
 
 _SAMPLE_REQUESTS = "sample_requests"  # a looped level's stored metrics: requests in the sample
+# a looped level is held in memory: a sample whose span is a sliver of the minimum (a few
+# requests at a huge rate) must not become a billion requests
+MAX_LEVEL_REQUESTS = 1_000_000
 
 
 def copies_needed(wl: Workload, scale: float, min_s: float, min_n: int) -> int:
@@ -69,6 +73,12 @@ def sustain(wl: Workload, scale: float, min_s: float, min_n: int) -> Workload:
     k = copies_needed(wl, scale, min_s, min_n)
     if k == 1:
         return wl
+    if k * len(wl) > MAX_LEVEL_REQUESTS:
+        raise ConfigError(
+            f"strategy.min_level_s {min_s:g} s at load x{scale:g}: the {len(wl)}-request "
+            f"sample would be looped into {k * len(wl):,} requests, over {MAX_LEVEL_REQUESTS:,}; "
+            "lower strategy.min_level_s or make the sample longer (workload.num_prompts)"
+        )
     times = wl.arrivals()
     period = float(times[-1]) if times is not None else 0.0
     renames = _token_renames(wl.requests)
