@@ -228,9 +228,12 @@ def test_cli_end_to_end(backend: str, tmp_path: Path) -> None:
         # the plan, printed at create: strategy joint, 3 trials, baseline first
         assert "plan: strategy joint: 3 trials, baseline first" in r.output
         best = runner.invoke(app, ["study", "best", "t", "--storage", url])
-        assert best.exit_code == 0
+        # configs that tie the baseline (all at the top of the range) are too noisy to tell:
+        # no command, exit 4 (docs/tuning.md#7-validation)
+        noisy = "too noisy to tell on this server" in best.output
+        assert best.exit_code == (4 if noisy else 0), best.output
         first = best.output.splitlines()[0]
-        assert first.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len")
+        assert noisy or first.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-")
         # the validation phase ran: an interval, with the gain or the advice to keep
         assert "(95 % CI " in best.output, best.output
         assert "gain over baseline" in best.output or "keep your current config" in best.output
