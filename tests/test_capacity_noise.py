@@ -265,3 +265,15 @@ def test_a_noisy_runner_reports_the_majority_boundary_and_its_spread() -> None:
     assert attrs["capacity_above_held"] == cap.spread.above.text()
     assert attrs["capacity_monotone"] is False
     assert attrs["capacity_band_low"] <= cap.scale < attrs["capacity_band_high"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "confirm"), [("vllm", True), ("sim", False), ("sim-virtual", False)]
+)
+def test_a_real_worker_confirms_every_capacity_and_the_simulators_do_not(
+    kind: str, confirm: bool
+) -> None:
+    # a real server's boundary runs differ from run to run; a simulator would replay the
+    # same numbers (docs/tuning.md#1-the-capacity-lattice, "Noise")
+    cfg, _ = config(worker={"kind": kind})
+    assert LevelPlan.of(cfg).confirm_capacity is confirm

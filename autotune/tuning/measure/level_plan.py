@@ -82,6 +82,9 @@ class LevelPlan:
             early_stop=rule_of(cfg),
             min_level_s=cfg.strategy.min_level_s,
             min_level_requests=cfg.strategy.min_level_requests,
+            # a real server's runs differ run to run; the simulators' do not, so confirming
+            # there would spend two identical levels (docs/tuning.md#1-the-capacity-lattice)
+            confirm_capacity=cfg.worker.kind == "vllm",
         )
 
     @classmethod
