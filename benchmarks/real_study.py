@@ -87,7 +87,9 @@ class Plan:
 
 # full: the baseline, 2 searched configs, 2 validation runs each for the baseline and the top
 # candidate, 3 bench rounds: 13 server launches (about 20 s each on an idle 2-core host).
-FULL = Plan(n_trials=3, repeats=2, runs=3, min_level_s=10.0, min_level_requests=40, resolution=0.25)
+# Levels of 30 s, the product's default (docs/tuning.md#13-level-length), and 100 requests
+# rather than 200: at the lattice's bottom (1 req/s) 200 would be a 200-s level.
+FULL = Plan(n_trials=3, repeats=2, runs=3, min_level_s=30.0, min_level_requests=100, resolution=0.25)
 # quick (CI's real-vLLM group, about 2 minutes on an idle host): the baseline alone, with the
 # server's noise record, re-measured once per rate: 2 launches. No candidate, so no validation.
 QUICK = Plan(n_trials=1, repeats=1, runs=1, min_level_s=5.0, min_level_requests=12, resolution=1.0)
@@ -443,8 +445,9 @@ def main() -> None:
     try:
         run_study(cfg.name, store)
     except ClientLimitError as exc:
-        # the study stopped: this host could not drive the load (docs/loadgen.md#5-client-
-        # limited-levels), so there is no claim to re-measure; say so in the JSON line too
+        # the study stopped: this host could not drive the load
+        # (docs/loadgen.md#5-client-limited-levels), so there is no claim to re-measure; say so
+        # in the JSON line too
         store.close()
         loads.update(watch.stop())
         loads["after"] = load1()

@@ -111,8 +111,8 @@ def _r(v: float | None, digits: int) -> float | None:
 
 
 def _spread_attrs(sp: Spread | None) -> dict[str, Any]:
-    """The capacity's spread as :class:`TrialSummary` fields (docs/tuning.md#1-the-capacity-
-    lattice, "Noise")."""
+    """The capacity's spread as :class:`TrialSummary` fields
+    (docs/tuning.md#1-the-capacity-lattice, "Noise")."""
     if sp is None:
         return {}
     return {
