@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import pytest
+from support.runners import ScriptedRunner, jittered_up_to
 from support.studies import config
 
-from autotune.failures import FailureMatch
-from autotune.loadgen.level import LevelMetrics
 from autotune.store import TrialRecord
 from autotune.tuning.measure.capacity import (
     MAX_RUNS,
@@ -28,12 +25,10 @@ from autotune.tuning.measure.capacity import (
 )
 from autotune.tuning.measure.findings import capacity_spread, trial_summary
 from autotune.tuning.measure.level_plan import LevelPlan, measure
-from autotune.tuning.measure.outcome import LevelOutcome, level_record
-from autotune.tuning.measure.runner_protocol import StartInfo
+from autotune.tuning.measure.outcome import level_record
 from autotune.tuning.measure.scoring import score_trial
 from autotune.tuning.measure.trial import TrialOutcome
 from autotune.workload.build import build_workload
-from autotune.workload.core import Workload
 
 # 20 .. 160 req/s in 2 % steps: 20.0, 20.4, 20.8, 21.2 are points 0..3 and 22.5 is point 6
 ISSUE = Lattice(20.0, 160.0, 0.02)
@@ -189,51 +184,14 @@ def test_spread_of_monotone_and_flipped_runs() -> None:
 
 
 # -- a noisy runner through measure() -------------------------------------------------------
-class NoisyRunner:
-    """Holds its SLOs at a load when the load is under ``capacity`` times a fresh random
-    factor in [0.97, 1.03] (a fixed seed): near the capacity a point holds on some runs
-    and fails on others."""
-
-    kind = "sim-virtual"
-
-    def __init__(self, capacity: float, seed: int) -> None:
-        self.capacity = capacity
-        self.rng = random.Random(seed)
-        self.scales: list[float] = []
-
-    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
-        return StartInfo("vllm serve fake", ["vllm", "serve", "fake"], 0.0, 1000, 10.0)
-
-    async def run_level(
-        self, workload: Workload, scale: float, progress: Any = None
-    ) -> LevelOutcome:
-        self.scales.append(scale)
-        ok = scale <= self.capacity * self.rng.uniform(0.97, 1.03)
-        m = LevelMetrics(
-            completed=100,
-            failed=0,
-            p99_ttft_ms=1000.0 if ok else 5000.0,
-            p99_tpot_ms=20.0,
-            output_throughput=100.0 * scale,
-            request_throughput=scale,
-        )
-        return LevelOutcome(scale, 4.0 * scale, m)
-
-    def failure(self) -> FailureMatch | None:
-        return None
-
-    async def stop(self) -> None:
-        pass
-
-
 def test_a_noisy_runner_reports_the_majority_boundary_and_its_spread() -> None:
     cfg, _ = config(strategy={"capacity_levels": 24})
     wl = build_workload(cfg.workload)
     plan = dataclasses.replace(LevelPlan.of(cfg), lattice=LAT, early_stop=None)
-    runner = NoisyRunner(1.0, seed=3)
+    runner = ScriptedRunner(levels=jittered_up_to(1.0, seed=3))
     plain = asyncio.run(measure(runner, wl, plan))
     assert plain.capacity is not None and plain.capacity.monotone  # one pass sees no noise
-    runner = NoisyRunner(1.0, seed=3)
+    runner = ScriptedRunner(levels=jittered_up_to(1.0, seed=3))
     confirm = dataclasses.replace(plan, confirm_capacity=True)
     m = asyncio.run(measure(runner, wl, confirm))
     cap = m.capacity
@@ -247,7 +205,7 @@ def test_a_noisy_runner_reports_the_majority_boundary_and_its_spread() -> None:
     assert len(runs[cap.index]) >= 2 and len(runs[cap.index + 1]) >= 2
     assert not cap.monotone and cap.spread is not None
     assert cap.spread.at == Runs(sum(runs[cap.index]), len(runs[cap.index]))
-    assert cap.levels == len(m.levels) == len(runner.scales)
+    assert cap.levels == len(m.levels) == sum(1 for call, _ in runner.calls if call == "level")
     # the plain pass's capacity and the majority boundary differ on this seed
     assert plain.capacity.index != cap.index
 

@@ -10,6 +10,7 @@ drive ``run_trial`` and the controller without a worker.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo
 from autotune.workload.core import Workload
 
-__all__ = ["NoisyRunner", "ScriptedRunner", "feasible_up_to"]
+__all__ = ["NoisyRunner", "ScriptedRunner", "feasible_up_to", "jittered_up_to"]
 
 
 def feasible_up_to(capacity: float, n: int = 100) -> Callable[[float], LevelMetrics]:
@@ -42,6 +43,16 @@ def feasible_up_to(capacity: float, n: int = 100) -> Callable[[float], LevelMetr
         )
 
     return level
+
+
+def jittered_up_to(
+    capacity: float, seed: int, jitter: float = 0.03
+) -> Callable[[float], LevelMetrics]:
+    """:func:`feasible_up_to` a capacity drawn afresh for every level, ``capacity`` times a
+    uniform factor in ``1 +- jitter`` (a fixed ``seed``): near the capacity a load holds on
+    some runs and fails on others, as on a noisy server."""
+    rng = random.Random(seed)
+    return lambda scale: feasible_up_to(capacity * rng.uniform(1 - jitter, 1 + jitter))(scale)
 
 
 @dataclass
