@@ -89,7 +89,9 @@ class Plan:
 # candidate, 3 bench rounds: 13 server launches (about 20 s each on an idle 2-core host).
 # Levels of 30 s, the product's default (docs/tuning.md#13-level-length), and 100 requests
 # rather than 200: at the lattice's bottom (1 req/s) 200 would be a 200-s level.
-FULL = Plan(n_trials=3, repeats=2, runs=3, min_level_s=30.0, min_level_requests=100, resolution=0.25)
+FULL = Plan(
+    n_trials=3, repeats=2, runs=3, min_level_s=30.0, min_level_requests=100, resolution=0.25
+)
 # quick (CI's real-vLLM group, about 2 minutes on an idle host): the baseline alone, with the
 # server's noise record, re-measured once per rate: 2 launches. No candidate, so no validation.
 QUICK = Plan(n_trials=1, repeats=1, runs=1, min_level_s=5.0, min_level_requests=12, resolution=1.0)
