@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import logging
 import os
@@ -428,7 +429,8 @@ def main() -> None:
     a = ap.parse_args()
     # a run of half an hour or more: each line out as it is printed, so a run cut short by a
     # timeout keeps what it measured (its table and rounds)
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     warnings.simplefilter("ignore")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("autotune").setLevel(logging.WARNING)
