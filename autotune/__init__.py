@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 from autotune.errors import (
     AutotuneError,
     BusyError,
+    ClientLimitError,
     ConfigError,
     DatabaseLostError,
     MissingExtraError,
@@ -21,6 +22,7 @@ from autotune.errors import (
 __all__ = [
     "AutotuneError",
     "BusyError",
+    "ClientLimitError",
     "ConfigError",
     "DatabaseLostError",
     "MissingExtraError",

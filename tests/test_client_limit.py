@@ -95,6 +95,9 @@ def test_chunks_read_in_bursts_mark_any_client_level() -> None:
     assert "read in bursts" in ClientLimit("read_gap", 0.0, 0.1).text
     # one-token requests have no gaps: nothing to read
     assert check(summary(median_itl_ms=0.0, itl_gaps=0)) is None
+    # a simulated server 10x faster than wall time writes its due steps together: its
+    # bursts are its own, not the client's (docs/loadgen.md#5-client-limited-levels)
+    assert check(summary(median_itl_ms=0.0, time_scale=10.0)) is None
 
 
 def test_no_client_is_never_client_limited() -> None:
