@@ -52,7 +52,6 @@ import optuna
 import yaml
 
 from autotune.config import StudyConfig, parse_config
-from autotune.config.schema import StrategyConfig
 from autotune.errors import ClientLimitError
 from autotune.report.bounds import AT_TOP, BELOW_LOW, Capacity, trial_capacity
 from autotune.report.recommend import recommend
@@ -110,12 +109,10 @@ def study_dict(name: str, venv: Path, model: Path, workdir: Path, plan: Plan) ->
         "capacity_high": 3.0,
         "capacity_resolution": plan.resolution,
         "validate": {"enabled": plan.n_trials > 1, "top_k": 1, "repeats": plan.repeats},
+        # docs/tuning.md#13-level-length
+        "min_level_s": plan.min_level_s,
+        "min_level_requests": plan.min_level_requests,
     }
-    # level length is being made configurable (docs/tuning.md#13-level-length): set it where
-    # this checkout has it
-    for key in ("min_level_s", "min_level_requests"):
-        if key in StrategyConfig.model_fields:
-            strategy[key] = getattr(plan, key)
     return {
         "name": name,
         "model": {"name": str(model), "served_name": SERVED},
@@ -323,8 +320,7 @@ def bench(
 def prompts_for(cfg: StudyConfig, rate: float) -> int:
     """Enough prompts to last the study's minimum level length at ``rate``."""
     st = cfg.strategy
-    min_s = float(getattr(st, "min_level_s", 0.0))
-    min_n = int(getattr(st, "min_level_requests", 0))
+    min_s, min_n = st.min_level_s, st.min_level_requests
     return max(min_n, int(rate * min_s + 0.999), cfg.workload.num_prompts)
 
 
