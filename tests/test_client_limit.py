@@ -34,9 +34,11 @@ from autotune.loadgen.client_limit import (
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.load_options import LoadOptions
 from autotune.loadgen.runner import run_load
+from autotune.store import RepeatRecord
 from autotune.tuning.measure.level_plan import LevelPlan, measure
 from autotune.tuning.measure.outcome import LevelOutcome, level_record
 from autotune.tuning.measure.scoring import Slo, score_level, score_trial
+from autotune.tuning.measure.validate import measure_run
 from autotune.workload.build import build_workload
 from autotune.workload.core import WorkloadRequest
 
@@ -190,6 +192,17 @@ def test_a_client_limited_level_is_run_again_and_the_rerun_counts() -> None:
     assert first.score.client_limit is not None and not first.score.feasible
     assert second.score.client_limit is None and second.score.feasible
     assert score_trial(measured.scores).feasible
+
+
+def test_a_fixed_rate_validation_run_takes_the_rerun_and_counts_both_levels() -> None:
+    """A one-level validation run whose level was re-run has two levels: the re-run's
+    figures are the run's (a validation run in CI crashed on the second level)."""
+    cfg, _ = config(mode="fixed-rate")
+    runner = ScriptedRunner(levels=lagging_at([450.0]))
+    wl = build_workload(cfg.workload, vocab_size=32_000)
+    run = RepeatRecord("t", 0, 0, 0, "candidate", {"max_num_seqs": 8}, "seed 1", 1, 1)
+    out = asyncio.run(measure_run(cfg, runner, wl, run, "validate-0-0000"))
+    assert out.levels == 2 and out.slo_held is True and out.capacity_scale == 1.0
 
 
 def test_the_capacity_search_sees_only_the_rerun() -> None:

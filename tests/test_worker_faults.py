@@ -253,7 +253,15 @@ def test_a_study_retries_a_trial_whose_worker_was_killed_and_takes_the_retrys_ve
         worker={"kind": "sim", "time_scale": 1.0, "workdir": str(tmp_path / "w")},
         workload={"num_prompts": 16, "rate": 8, "input_len": 256, "output_len": 16},
         slo={"p99_ttft_ms": 30000, "p99_tpot_ms": 500},
-        strategy={"name": "joint", "n_trials": 1, "validate": {"enabled": False}},
+        # the 16-request sample as it is: looped to the default 30 engine s
+        # (docs/tuning.md#13-level-length) each attempt's level would last 30 wall s
+        strategy={
+            "name": "joint",
+            "n_trials": 1,
+            "validate": {"enabled": False},
+            "min_level_s": 0,
+            "min_level_requests": 0,
+        },
     )
     killed: list[int] = []
 

@@ -29,6 +29,7 @@ import pytest_asyncio
 
 from .support import (
     CPU_BLOCK_SIZE,
+    DEEP_WORKDIR_CHARS,
     ENV_SCRIPT,
     HERE,
     KV_BYTES_PER_TOKEN,
@@ -202,7 +203,11 @@ async def vllm_server(
 
     Teardown asserts that nothing of its process group is left.
     """
-    workdir = tmp_path_factory.mktemp("workers")
+    # A deep workdir (past 80 characters), as users' are: vLLM binds its ZMQ sockets in the
+    # trial's TMPDIR, which must stay short however deep this is (test_deep_workdir_still_starts
+    # checks this launch rather than paying for one more)
+    base = tmp_path_factory.mktemp("workers")
+    workdir = base / ("d" * max(1, DEEP_WORKDIR_CHARS - len(str(base))))
     worker = make_worker(vllm_venv, tiny_model, workdir)
     t0 = time.monotonic()
     info = await worker.start(SERVER_ENGINE_ARGS, "shared-server")

@@ -32,6 +32,8 @@ SERVER_ENGINE_ARGS: dict[str, Any] = {
     "max_num_batched_tokens": 1024,
 }
 STARTUP_TIMEOUT_S = 300.0
+# the shared server's workdir is at least this long (test_deep_workdir_still_starts)
+DEEP_WORKDIR_CHARS = 80
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",

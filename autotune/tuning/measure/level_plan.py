@@ -118,6 +118,13 @@ class Measured:
     def scores(self) -> list[LevelScore]:
         return [lv.score for lv in self.levels]
 
+    @property
+    def level(self) -> MeasuredLevel:
+        """A one-level mode's level: the last one measured. There can be two: a
+        client-limited level is run once more, and the re-run is the one that counts
+        (docs/loadgen.md#5-client-limited-levels)."""
+        return self.levels[-1]
+
 
 async def measure(
     runner: Runner,

@@ -89,10 +89,11 @@ async def measure_config(
         await runner.stop()
     res = measured.capacity
     if res is None:  # one level at 1.0x
-        (level,) = measured.levels
+        level = measured.level
         ls = level.score
         obj = ls.output_throughput if ls.feasible else 0.0
-        return Measurement(obj, 1.0 if ls.feasible else None, level.outcome.offered_rate, None, 1)
+        n = len(measured.levels)
+        return Measurement(obj, 1.0 if ls.feasible else None, level.outcome.offered_rate, None, n)
     at = [lv for lv in measured.scores if lv.feasible and lv.scale == res.scale]
     if not at or res.scale is None:
         return Measurement(0.0, None, None, res, res.levels)

@@ -224,7 +224,7 @@ async def measure_run(
         measured = await measure(runner, wl, plan)
         if plan.capacity:
             return _capacity_run(run, runner, measured)
-        (level,) = measured.levels
+        level = measured.level
         dead, m, ls = level.death, level.outcome.metrics, level.score
         held = ls.feasible and dead is None
         return _measured(
@@ -237,7 +237,7 @@ async def measure_run(
             p99_tpot_ms=m.p99_tpot_ms,
             overlength_rate=m.overlength_rate if m.total else None,
             requests=m.total,
-            levels=1,
+            levels=len(measured.levels),
             failure_class=str(dead.failure_class) if dead is not None else None,
             violations=ls.texts,
         )
