@@ -28,7 +28,11 @@ from autotune.tuning.study_attrs import read_noise
 from .conftest import in_ci
 from .support import REPO, TIMINGS
 
-pytestmark = [pytest.mark.real_vllm]
+# Not in CI (`-m "real_vllm and not bench"` there): a measurement, minutes long, and on a
+# two-core host that also runs the server it is often stopped as client-limited in its noise
+# re-runs (measured here: the search's level at 8 req/s had a median send lag of 0.2 ms, its
+# two re-runs 0.6 and 35 ms and a median read gap of 0), which says nothing of autotune
+pytestmark = [pytest.mark.real_vllm, pytest.mark.bench]
 
 BENCH = REPO / "benchmarks" / "real_study.py"
 
