@@ -221,6 +221,9 @@ class ScriptedRunner:
     async def stop(self) -> None:
         pass
 
+    def usage(self) -> None:
+        return None
+
 
 def _capacity(ea: Mapping[str, Any]) -> float:
     """A made-up but fixed capacity per config, between 0.3x and 3.3x."""

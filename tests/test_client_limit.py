@@ -25,6 +25,8 @@ from autotune.errors import ClientLimitError
 from autotune.loadgen.bench import run_bench
 from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.client_limit import (
+    LOOP_LAG_FLOOR_MS,
+    LOOP_LAG_KEY,
     READ_GAP_FLOOR_MS,
     SEND_LAG_FLOOR_MS,
     ClientLimit,
@@ -100,6 +102,41 @@ def test_chunks_read_in_bursts_mark_any_client_level() -> None:
     # a simulated server 10x faster than wall time writes its due steps together: its
     # bursts are its own, not the client's (docs/loadgen.md#5-client-limited-levels)
     assert check(summary(median_itl_ms=0.0, time_scale=10.0)) is None
+
+
+def test_bursts_are_the_clients_only_when_its_own_loop_ran_late() -> None:
+    """A client whose timers kept time read each chunk as it came: bursts it saw were
+    written together by the server (as a CPU host's API server does when it shares the
+    cores), which every client sees, so they are a measurement, not a client limit."""
+    punctual = summary(median_itl_ms=0.0, **{LOOP_LAG_KEY: 0.4})
+    assert check(punctual) is None
+    late = summary(median_itl_ms=0.0, **{LOOP_LAG_KEY: LOOP_LAG_FLOOR_MS})
+    assert check(late) == ClientLimit("read_gap", 0.0, READ_GAP_FLOOR_MS)
+    # the send lag needs no such evidence: a late send is late whatever the loop says
+    assert check(summary(p99_schedule_lag_ms=450.0, **{LOOP_LAG_KEY: 0.4})) is not None
+
+
+def test_a_real_run_reports_its_loop_lag_and_a_blocked_loop_shows_in_it() -> None:
+    async def go(stall_s: float) -> Any:
+        srv = sim_server(io.StringIO(), 1.0)
+        async with TestServer(srv.app()) as ts:
+            specs = [
+                WorkloadRequest(
+                    64, 4, prompt_token_ids=(11,) * 64, arrival=0.02 * i, request_id=f"r{i}"
+                )
+                for i in range(40)
+            ]
+            return await run_load(
+                str(ts.make_url("")),
+                specs,
+                LoadOptions(model="meta-llama/Llama-3.1-8B-Instruct", progress_interval=0.1),
+                progress=lambda _p: time.sleep(stall_s),
+            )
+
+    free, stalled = asyncio.run(go(0.0)), asyncio.run(go(0.05))
+    assert free.summary[LOOP_LAG_KEY] is not None and stalled.summary[LOOP_LAG_KEY] is not None
+    # a 50-ms stall every 100 ms: a third or more of the 10-ms wake-ups run late by tens of ms
+    assert stalled.summary[LOOP_LAG_KEY] >= 20.0 > free.summary[LOOP_LAG_KEY]
 
 
 def test_no_client_is_never_client_limited() -> None:

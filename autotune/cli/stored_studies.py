@@ -35,6 +35,7 @@ from autotune.report.tables import (
     spread_lines,
 )
 from autotune.store import NoDatabaseError
+from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.interval import summary_of
 from autotune.tuning.measure.level_plan import lattice_of
 from autotune.tuning.run.create import load_study_config
@@ -82,6 +83,7 @@ def show(
     cfg = load_study_config(study)
     lattice = lattice_of(cfg)
     rec = recommend(cfg, trials, repeats, noise)
+    cost = study_cost(trials, repeats)
     # the validation's verdict and each re-measured config's validated figures, and what to
     # change in the config (docs/tuning.md#7-validation, docs/usage.md#1-commands)
     validation = [] if rec is None or rec.validation is None else format_validation(rec)
@@ -93,6 +95,7 @@ def show(
             show_json(name, study.mode, trials, lattice)
             | {
                 "plan": plan,
+                "cost": cost.to_dict(),
                 "validation": {
                     "verdict": extra["gain"]["verdict"],
                     "reason": extra["gain"]["reason"],
@@ -112,6 +115,7 @@ def show(
         Console(width=width).print(escape(legend), highlight=False)
     for line in plan:
         Console(width=width).print(f"plan: {escape(line)}", highlight=False)
+    Console(width=width).print(escape(cost.text), highlight=False)
     for line in spread_lines(trials, study.mode, lattice) + validation + hints:
         Console(width=width).print(escape(line), highlight=False)
 
@@ -168,9 +172,9 @@ def best(
     with study_store(storage, name) as store:
         rec = need_study(store, name)
         trials = store.trials(name)
-        r = recommend(
-            load_study_config(rec), trials, store.repeats(name), stored_noise(store, name)
-        )
+        repeats = store.repeats(name)
+        r = recommend(load_study_config(rec), trials, repeats, stored_noise(store, name))
+    cost = study_cost(trials, repeats)
     if r is None:
         low = below_lowest_load(trials, rec.mode)
         hint = (
@@ -181,9 +185,10 @@ def best(
             f"{hint} (`autotune study show` lists each trial's violations)"
         )
     if as_json:
-        print_json(best_json(name, r))
+        print_json(best_json(name, r) | {"cost": cost.to_dict()})
     else:
         print(format_recommendation(r))
+        print(cost.text)
     if r.undecided:
         # no config held its SLOs in every validation run: no command is recommended, and
         # the status says so as for a study without a feasible trial (docs/tuning.md#7-validation)

@@ -22,6 +22,7 @@ from autotune.report.best_output import format_recommendation
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import no_feasible_reason, recommend
 from autotune.store import Store
+from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study, load_study_config
 from autotune.tuning.run.lanes import parse_devices, plan_lanes
@@ -184,7 +185,9 @@ def _run(
     console().print(f"{report.trials_run} trial(s) run ({report.stopped_by}{idle}).")
     cfg = load_study_config(store.get_study(name))  # type: ignore[arg-type]
     trials = store.trials(name)
-    rec = recommend(cfg, trials, store.repeats(name), stored_noise(store, name))
+    repeats = store.repeats(name)
+    rec = recommend(cfg, trials, repeats, stored_noise(store, name))
+    console().print(escape(study_cost(trials, repeats).text), highlight=False)
     if rec is None:
         low = below_lowest_load(trials, cfg.mode)
         if low is not None:

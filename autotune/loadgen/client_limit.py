@@ -22,6 +22,8 @@ from typing import Any, Literal
 __all__ = [
     "BOUNDS",
     "CLIENT_LIMIT_KEY",
+    "LOOP_LAG_FLOOR_MS",
+    "LOOP_LAG_KEY",
     "READ_GAP_FLOOR_MS",
     "SEND_LAG_FLOOR_MS",
     "SEND_LAG_GAPS",
@@ -37,9 +39,15 @@ __all__ = [
 # p99 of the lag (docs/loadgen.md#5-client-limited-levels says why these numbers).
 SEND_LAG_FLOOR_MS = 50.0
 SEND_LAG_GAPS = 2.0
-# The read-gap bound: a median gap between streamed chunks below this (engine ms) cannot come
-# from a server, which needs at least one engine step (milliseconds) between two chunks.
+# The read-gap bound: a median gap between streamed chunks below this (engine ms) means the
+# chunks were read in bursts. That is the client's doing only when its own loop ran late
+# (below): a server that writes its chunks together (a CPU host whose API server shares the
+# cores) is read in bursts by every client, and then the bursts are what users get.
 READ_GAP_FLOOR_MS = 0.1
+# The client's loop ran late: the p90 of its timers' overshoot (wall ms, LoopLagProbe) at or
+# above this. A loop that keeps its 10-ms timers this well reads a stream as it comes.
+LOOP_LAG_FLOOR_MS = 5.0
+LOOP_LAG_KEY = "p90_loop_lag_ms"  # in a client's summary
 
 CLIENT_LIMIT_KEY = "client_limit"  # in a stored level's metrics
 
@@ -129,9 +137,12 @@ def check(summary: Mapping[str, Any]) -> ClientLimit | None:
     median = _num(summary, "median_itl_ms")
     # A simulated server running k times faster than wall time puts its engine steps 1/k
     # apart in wall time and writes what is due together, so its bursts are its own: the
-    # read gaps say something of the client only against a server in real time.
+    # read gaps say something of the client only against a server in real time, and only
+    # when the client's loop ran late (a summary without the probe's figure: assume it did).
     real_time = (_num(summary, "time_scale") or 1.0) == 1.0
-    if real_time and gaps > 0 and median is not None and median < READ_GAP_FLOOR_MS:
+    loop_lag = _num(summary, LOOP_LAG_KEY)
+    late = loop_lag is None or loop_lag >= LOOP_LAG_FLOOR_MS
+    if real_time and late and gaps > 0 and median is not None and median < READ_GAP_FLOOR_MS:
         return ClientLimit("read_gap", median, READ_GAP_FLOOR_MS)
     return None
 

@@ -34,7 +34,9 @@ from autotune.loadgen.bench_stats import (
     windowed,
 )
 from autotune.loadgen.client import make_session
+from autotune.loadgen.client_limit import LOOP_LAG_KEY
 from autotune.loadgen.load_options import LoadOptions
+from autotune.loadgen.loop_lag import LoopLagProbe
 from autotune.loadgen.probe import ServerInfo, probe_server
 from autotune.loadgen.sender import EARLY_STOPPED, STOPPED, LoadRun, ProgressSnapshot
 from autotune.loadgen.spec import RequestSpec
@@ -115,11 +117,14 @@ async def run_load(
         gc.collect()
         gc.freeze()
         watcher: asyncio.Future[None] | None = None
+        probe = LoopLagProbe()  # was the client's own loop late? (docs/loadgen.md#5)
+        probing: asyncio.Future[None] | None = None
         try:
             if o.warmup and requests:
                 await run.warmup(requests, o.warmup, o.drain_timeout)
             run.start_clock()
             started_at = time.time()
+            probing = asyncio.ensure_future(probe.run())
             watcher = asyncio.ensure_future(run.watch()) if o.early_stop is not None else None
             await run.schedule_until_stopped(requests, o.duration)
             drained = run.stopping() or await run.wait_all(o.drain_timeout, "drain")
@@ -134,6 +139,8 @@ async def run_load(
             await run.cancel("cancelled: load run aborted")
             if watcher is not None:
                 watcher.cancel()
+            if probing is not None:
+                probing.cancel()
             gc.unfreeze()
     wall = time.perf_counter() - run.t0
     kept = [a for a in run.attempts if id(a) not in run.cut]
@@ -149,6 +156,8 @@ async def run_load(
         time_scale=o.time_scale,
         client_loop=_loop(requests, o.max_concurrency),
     )
+    summary["p50_loop_lag_ms"] = probe.percentile_ms(50)
+    summary[LOOP_LAG_KEY] = probe.percentile_ms(90)
     if (warning := length_warning(summary)) is not None:
         log.warning("%s", warning)
     ended: StopInfo | None = None

@@ -19,6 +19,7 @@ from autotune.report.recommend import replicas_needed, top_level_figures
 from autotune.report.validated import ValidatedConfig, validated_configs, validated_json
 from autotune.store import RepeatRecord, StudyRecord, TrialRecord
 from autotune.tuning.measure.capacity import Lattice
+from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.level_plan import lattice_of
@@ -205,6 +206,8 @@ def export_json(
         "trials": [trial(t) for t in trials],
         # the validation phase's runs and summary (docs/tuning.md#7-validation); None: none
         "validation": _validation_json(cfg, repeats, trials, noise),
+        # the device time of every worker, trials and validation (docs/cost.md)
+        "cost": study_cost(trials, repeats or ()).to_dict(),
     }
     return json.dumps(body, separators=(",", ":"), default=str)
 

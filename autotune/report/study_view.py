@@ -16,6 +16,7 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.report.recommend import Recommendation, gain_text, recommend
 from autotune.store import LevelRecord, RepeatRecord, StudyRecord, TrialRecord
+from autotune.tuning.measure.cost import StudyCost, study_cost
 from autotune.tuning.measure.findings import capacity_rps
 from autotune.tuning.measure.noise import NoiseRecord
 
@@ -57,6 +58,7 @@ class StudyView:
     cfg: StudyConfig
     trials: list[TrialRecord]
     rec: Recommendation | None
+    cost: StudyCost  # device time of every worker (docs/cost.md)
 
     @property
     def complete(self) -> list[TrialRecord]:
@@ -75,7 +77,8 @@ def study_view(
     noise: NoiseRecord | None = None,
 ) -> StudyView:
     """``repeats``: the validation runs (``Store.repeats``), for the gain's interval."""
-    return StudyView(record, cfg, trials, recommend(cfg, trials, repeats, noise))
+    rec = recommend(cfg, trials, repeats, noise)
+    return StudyView(record, cfg, trials, rec, study_cost(trials, repeats or ()))
 
 
 def _fmt(v: Any) -> str:
@@ -143,6 +146,7 @@ def details(view: StudyView) -> list[tuple[str, str]]:
             "strategy",
             f"{st.name}, {done} of {st.n_trials} trials complete ({len(view.trials)} started)",
         ),
+        ("cost", view.cost.text.removeprefix("cost: ")),
         ("seeds", f"study {cfg.seed}, workload {wl.seed}"),
         ("fingerprint", str(prof.get("fingerprint", "-"))),
     ]

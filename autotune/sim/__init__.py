@@ -22,6 +22,7 @@ from autotune.sim.replay import (
 )
 from autotune.sim.request import RequestTiming, SimRequest
 from autotune.sim.result import SimResult
+from autotune.sim.startup_time import StartupEstimate, modelled_startup
 from autotune.sim.stop_watch import SimWatch
 from autotune.sim.version import ENGINE_MODEL_VERSION
 from autotune.sim.virtual_loop import simulate
@@ -38,9 +39,11 @@ __all__ = [
     "SimRequest",
     "SimResult",
     "SimWatch",
+    "StartupEstimate",
     "from_sim_timeline",
     "jitter_seed",
     "lognormal_requests",
+    "modelled_startup",
     "plan_memory",
     "records_from_sim",
     "replay_level",

@@ -16,6 +16,7 @@ from autotune.store.records import (
     StudyRecord,
     StudySummary,
     TrialRecord,
+    WorkerUsage,
 )
 
 __all__ = [
@@ -29,5 +30,6 @@ __all__ = [
     "StudyRecord",
     "StudySummary",
     "TrialRecord",
+    "WorkerUsage",
     "resolve_url",
 ]

@@ -16,7 +16,71 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["LevelRecord", "RepeatRecord", "StudyRecord", "StudySummary", "TrialRecord"]
+__all__ = [
+    "LevelRecord",
+    "RepeatRecord",
+    "StudyRecord",
+    "StudySummary",
+    "TrialRecord",
+    "WorkerUsage",
+]
+
+
+@dataclass(frozen=True)
+class WorkerUsage:
+    """What one worker cost on its devices, from its launch to its exit (docs/cost.md).
+
+    ``worker_s``: launch to exit (idle time included); ``worker_startup_s``: the start-up
+    part of it; ``replayed_s``: the load replayed on it (levels, the noise re-runs and
+    warm-ups); ``devices_held``: the devices it held all that time. ``cost_modelled``: a
+    simulated worker, whose start-up is the modelled start of vLLM on that GPU and whose
+    load is counted in engine seconds; otherwise every figure was measured on the host's
+    clock. A trial and a validation run store theirs in these same five fields.
+    """
+
+    worker_s: float
+    worker_startup_s: float
+    replayed_s: float
+    devices_held: int
+    cost_modelled: bool
+
+    @property
+    def gpu_s(self) -> float:
+        """Device-seconds: the worker's lifetime times the devices it held."""
+        return self.worker_s * self.devices_held
+
+    def fields(self) -> dict[str, Any]:
+        """The record fields that store it (``update_trial(**usage.fields())``)."""
+        return {
+            "worker_s": self.worker_s,
+            "worker_startup_s": self.worker_startup_s,
+            "replayed_s": self.replayed_s,
+            "devices_held": self.devices_held,
+            "cost_modelled": self.cost_modelled,
+        }
+
+
+class _HasUsage:
+    """The five stored fields of a :class:`WorkerUsage`, read back as one (None when the
+    record has no worker: never launched, or stored before these fields existed)."""
+
+    worker_s: float | None
+    worker_startup_s: float | None
+    replayed_s: float | None
+    devices_held: int | None
+    cost_modelled: bool | None
+
+    @property
+    def usage(self) -> WorkerUsage | None:
+        if self.worker_s is None:
+            return None
+        return WorkerUsage(
+            self.worker_s,
+            self.worker_startup_s or 0.0,
+            self.replayed_s or 0.0,
+            self.devices_held or 1,
+            bool(self.cost_modelled),
+        )
 
 
 @dataclass
@@ -73,7 +137,7 @@ class LevelRecord:
 
 
 @dataclass
-class TrialRecord:
+class TrialRecord(_HasUsage):
     """One Optuna trial: the engine config tried, how the worker fared, and its levels.
 
     ``state`` is ``"RUNNING"``, ``"COMPLETE"`` or ``"FAIL"``; ``params`` is what the sampler
@@ -105,6 +169,12 @@ class TrialRecord:
     finished_at: datetime | None = None
     # the devices its worker saw (CUDA_VISIBLE_DEVICES, e.g. "0,1"); None when not set
     devices: str | None = None
+    # what its worker cost (WorkerUsage, read back as .usage; docs/cost.md)
+    worker_s: float | None = None
+    worker_startup_s: float | None = None
+    replayed_s: float | None = None
+    devices_held: int | None = None
+    cost_modelled: bool | None = None
     id: int | None = None
 
     def headline_level(self) -> LevelRecord | None:
@@ -137,7 +207,7 @@ class StudySummary:
 
 
 @dataclass
-class RepeatRecord:
+class RepeatRecord(_HasUsage):
     """One run of the validation phase (docs/tuning.md#7-validation): a stored trial's
     config re-measured on a fresh workload sample with fresh jitter, outside Optuna.
 
@@ -173,4 +243,10 @@ class RepeatRecord:
     violations: list[str] = field(default_factory=list)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # what its worker cost (WorkerUsage, read back as .usage; docs/cost.md)
+    worker_s: float | None = None
+    worker_startup_s: float | None = None
+    replayed_s: float | None = None
+    devices_held: int | None = None
+    cost_modelled: bool | None = None
     id: int | None = None

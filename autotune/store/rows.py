@@ -187,6 +187,12 @@ class TrialRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # revision 0005: the CUDA_VISIBLE_DEVICES the trial's worker got (None: not set)
     devices: Mapped[str | None] = mapped_column(String(512))
+    # revision 0007: what its worker cost (docs/cost.md)
+    worker_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    worker_startup_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    replayed_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    devices_held: Mapped[int | None] = mapped_column(Integer)
+    cost_modelled: Mapped[bool | None] = mapped_column(Boolean)
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
     levels: Mapped[list[LevelRow]] = relationship(
@@ -331,6 +337,12 @@ class RepeatRow(Base):
     violations: Mapped[list[str]] = mapped_column(Json)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # revision 0007: what its worker cost (docs/cost.md)
+    worker_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    worker_startup_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    replayed_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    devices_held: Mapped[int | None] = mapped_column(Integer)
+    cost_modelled: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class NightlyDecisionRow(Base):

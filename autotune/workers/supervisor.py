@@ -108,6 +108,7 @@ class ProcessSupervisor:
         self._group: GroupRecord | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._started_at = 0.0
+        self._gone_at: float | None = None
         self._stopped = False
         self._died_before_stop = False
         self._lock = asyncio.Lock()
@@ -129,6 +130,15 @@ class ProcessSupervisor:
     def elapsed_s(self) -> float:
         """Seconds since launch (0 before start)."""
         return time.monotonic() - self._started_at if self._proc is not None else 0.0
+
+    @property
+    def lifetime_s(self) -> float | None:
+        """Seconds from launch to the group's end (so far, while it runs); None before
+        start. What the worker cost is counted from this (docs/cost.md#1-what-is-counted)."""
+        if self._proc is None:
+            return None
+        end = self._gone_at if self._gone_at is not None else time.monotonic()
+        return end - self._started_at
 
     @property
     def stopped(self) -> bool:
@@ -322,6 +332,7 @@ class ProcessSupervisor:
                         )
             proc.wait()  # already exited; reaps it if group_gone has not
             self._stopped = True
+            self._gone_at = time.monotonic()
             if self.registry is not None and self._group is not None:
                 try:
                     self.registry.gone(self._group)

@@ -123,6 +123,7 @@ class VllmWorker:
         self.startup_timeout_s = startup_timeout_s
         self.workdir = workdir
         self._sup: ProcessSupervisor | None = None
+        self._retried_s = 0.0  # lifetimes of this start's launches that lost their port
         self._tmpdir: Path | None = None
         self._watch: DeathWatch | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -240,6 +241,7 @@ class VllmWorker:
         }
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus
+        self._sup, self._retried_s = None, 0.0
         for attempt in range(_PORT_ATTEMPTS):
             port = _free_port(self.host)
             url_host = f"[{self.host}]" if ":" in self.host else self.host
@@ -270,6 +272,7 @@ class VllmWorker:
                 break
             except WorkerLaunchError as exc:
                 if exc.failure_class is FailureClass.PORT_IN_USE and attempt + 1 < _PORT_ATTEMPTS:
+                    self._retried_s += sup.lifetime_s or 0.0
                     continue
                 self._cleanup_tmp()
                 raise
@@ -312,6 +315,13 @@ class VllmWorker:
             smoke_prompt_tokens=smoke_tokens,
             **facts,
         )
+
+    def lifetime_s(self) -> float | None:
+        """Seconds the last start's processes lived, launch to exit (so far, while they
+        run), launches that lost their port included; None before any start."""
+        if self._sup is None:
+            return None
+        return self._retried_s + (self._sup.lifetime_s or 0.0)
 
     async def stop(self) -> None:
         """Stop the server (its whole process group) and remove the trial's TMPDIR. The

@@ -13,6 +13,7 @@ length on the real server (docs/loadgen.md#42-chat-prompts).
 
 from __future__ import annotations
 
+import math
 import secrets
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ import optuna
 import pytest
 import yaml
 from support.databases import fresh_database  # tests/ is on sys.path, as for tests/test_study.py
+from support.lifetimes import ChildLifetimes
 from typer.testing import CliRunner
 
 from autotune.cli import app
@@ -98,9 +100,11 @@ def test_three_trial_fixed_rate_study_on_postgres(
         up = runner.invoke(app, ["db", "upgrade", "--storage", url])
         assert up.exit_code == 0, up.output
         t0 = time.monotonic()
-        r = runner.invoke(
-            app, ["study", "create", "--config", str(cfg_path), "--storage", url, "--run"]
-        )
+        # each `vllm serve` this process launches, from its start in /proc to its exit
+        with ChildLifetimes() as lives:
+            r = runner.invoke(
+                app, ["study", "create", "--config", str(cfg_path), "--storage", url, "--run"]
+            )
         TIMINGS["study: 3 trials on real vLLM"] = time.monotonic() - t0
         assert r.exit_code == 0, (r.output, r.exception)
         assert "3 trial(s) run" in r.output
@@ -140,3 +144,18 @@ def test_three_trial_fixed_rate_study_on_postgres(
             ft = optuna.load_study(study_name=name, storage=store.optuna_storage()).trials
         assert [t.state for t in ft] == [optuna.trial.TrialState.COMPLETE] * 3
         assert ft[1].user_attrs["failure_class"] == "MNBT_LT_MNS" and ft[1].value == 0
+    # what the study says its workers cost is what they lived, as the OS recorded it
+    # (docs/cost.md#1-what-is-counted): three launches, the refused one included
+    assert len(lives.lifetimes) == 3, lives.lifetimes
+    reported = [t.usage for t in trials]
+    assert all(u is not None and not u.cost_modelled and u.devices_held == 1 for u in reported)
+    total = sum(u.gpu_s for u in reported if u is not None)
+    assert math.isclose(total, sum(lives.lifetimes.values()), rel_tol=0.05), (
+        total,
+        lives.lifetimes,
+    )
+    captures.note(
+        "cost",
+        "study: reported worker seconds vs /proc lifetimes",
+        {"reported_s": round(total, 2), "proc_s": round(sum(lives.lifetimes.values()), 2)},
+    )

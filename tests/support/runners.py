@@ -19,6 +19,7 @@ import numpy as np
 
 from autotune.failures import FailureClass, FailureMatch
 from autotune.loadgen.level import LevelMetrics
+from autotune.store import WorkerUsage
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo
 from autotune.workload.core import Workload
@@ -80,6 +81,8 @@ class ScriptedRunner:
         default_factory=lambda: StartInfo("vllm serve fake", ["vllm", "serve"], 1.5, 50_000, 12.0)
     )
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    # what each worker reports it cost (docs/cost.md); None: nothing
+    cost: WorkerUsage | None = None
     _ran: int = 0
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
@@ -105,6 +108,9 @@ class ScriptedRunner:
 
     async def stop(self) -> None:
         self.calls.append(("stop", None))
+
+    def usage(self) -> WorkerUsage | None:
+        return self.cost
 
 
 class NoisyRunner:
@@ -148,3 +154,6 @@ class NoisyRunner:
 
     async def stop(self) -> None:
         self.log.append(("stop", self.key))
+
+    def usage(self) -> WorkerUsage | None:
+        return None

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import ServiceError
-from autotune.failures import FailureMatch
+from autotune.errors import ServiceError, WorkerStartupError
+from autotune.failures import FailureClass, FailureMatch
 from autotune.loadgen.client import make_session
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.load_options import LoadOptions
@@ -22,10 +22,13 @@ from autotune.loadgen.runner import LoadResult, run_load
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.loadgen.stop_rule import StopRule
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
+from autotune.store import WorkerUsage
 from autotune.telemetry import PrometheusTelemetry, Scraper, publish_sd_target
 from autotune.telemetry.summary import LevelTelemetry, from_scrape
 from autotune.tuning.measure.outcome import LevelDeath, LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo, offered_rate, with_diagnosis
+from autotune.tuning.measure.usage import StartupModel, UsageMeter
+from autotune.workers.devices import devices_held
 from autotune.workers.vllm import VllmWorker
 from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
@@ -60,8 +63,14 @@ class HttpRunner:
         model_dir: Path | None = None,
         warmup: int = 0,
         early_stop: StopRule | None = None,
+        startup_model: StartupModel | None = None,
     ) -> None:
         self.worker, self.kind, self.model_name = worker, kind, model_name
+        # what each worker costs (docs/cost.md): a simulated worker is charged this modelled
+        # start-up and its load in engine seconds; None (real vLLM): its measured lifetime
+        self.startup_model = startup_model
+        self.meter = UsageMeter()
+        self._failure: FailureClass | None = None
         self.early_stop = early_stop  # None: every level replays to its end
         self.warmup = warmup  # requests sent before each level's measured replay
         self.endpoint, self.vocab = endpoint, vocab_size
@@ -84,9 +93,16 @@ class HttpRunner:
         self.check_prepared: Callable[[Workload, Workload], None] | None = None
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
-        info = await self.worker.start(engine_args, trial_name)
-        self.base_url, self.trial_name = info.base_url, trial_name
         self.engine_args = dict(engine_args)
+        self.meter.begin(devices_held({**self.worker.static_args, **engine_args}, self.worker.gpus))
+        self._failure = None
+        try:
+            info = await self.worker.start(engine_args, trial_name)
+        except WorkerStartupError as exc:
+            self._failure = exc.failure_class
+            raise
+        self.meter.started(info.startup_s)
+        self.base_url, self.trial_name = info.base_url, trial_name
         if self.prom is not None and self.sd_file is not None:
             # Prometheus discovers each trial's fresh port through this file (file_sd).
             hostport = info.base_url.split("://", 1)[1]
@@ -174,6 +190,8 @@ class HttpRunner:
             LevelMetrics.from_summary(res.summary, res.early_stop),
             replay_s=res.wall_s,  # wall seconds replayed (warm-ups excluded)
         )
+        # the GPU's seconds: a time-scaled simulated server's are engine seconds
+        self.meter.replayed(res.wall_s * (self.time_scale if self.startup_model else 1.0))
         if res.stopped_at is not None:
             await asyncio.sleep(_LOG_SETTLE_S)  # the dying server's last log lines
             self._flag_partial(out, res, len(wl.requests))
@@ -215,3 +233,12 @@ class HttpRunner:
         if self.base_url is not None and self.prom is not None and self.sd_file is not None:
             publish_sd_target(self.sd_file, self._sd_owner, None)  # Prometheus stops scraping
         self.base_url = None
+        if self.meter.open:
+            if self.startup_model is not None:
+                every = {**self.worker.static_args, **self.engine_args}
+                self.meter.end(modelled_startup_s=self.startup_model(every, self._failure))
+            else:
+                self.meter.end(lifetime_s=self.worker.lifetime_s() or 0.0)
+
+    def usage(self) -> WorkerUsage | None:
+        return self.meter.last

@@ -4,6 +4,7 @@ run on each level's prompts (:func:`length_guard`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from autotune.profiles.models import ModelProfile
 from autotune.tuning.measure.early_stop import rule_of
 from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.runner_protocol import Runner
+from autotune.tuning.measure.usage import sim_startup_s
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.search.plan import build_bounds
 from autotune.workers.guard import GroupRegistry
@@ -118,6 +120,7 @@ def make_runner(
             endpoint=cfg.workload.endpoint,
             vocab_size=model.vocab_size,
             time_scale=w.time_scale,
+            startup_model=functools.partial(sim_startup_s, model),
             **tel,
         )
         runner.check_prepared = length_guard(cfg, model)

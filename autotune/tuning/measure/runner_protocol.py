@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from autotune.failures import FailureMatch
 from autotune.loadgen.sender import ProgressSnapshot
+from autotune.store import WorkerUsage
 from autotune.telemetry import diagnose
 from autotune.telemetry.summary import LevelTelemetry
 from autotune.tuning.measure.outcome import LevelOutcome
@@ -47,6 +48,11 @@ class Runner(Protocol):
     def failure(self) -> FailureMatch | None: ...
 
     async def stop(self) -> None: ...
+
+    def usage(self) -> WorkerUsage | None:
+        """What the last worker cost on its devices, from its launch to :meth:`stop`
+        (docs/cost.md#1-what-is-counted); None before any start."""
+        ...
 
 
 def offered_rate(wl: Workload, scale: float) -> float | None:

@@ -209,6 +209,7 @@ async def run_trial(
         raise
     finally:
         await runner.stop()
+        _store_usage(store, rec, runner)
     names = constraint_names(cfg)
     if first_attempt and failure in RETRYABLE:
         return _attempt_failed(store, rec, failure, names)
@@ -252,6 +253,18 @@ async def run_trial(
         )
     )
     return TrialOutcome(score, rec, failure, noise=noise_rec)
+
+
+def _store_usage(store: Store, rec: TrialRecord, runner: Runner) -> None:
+    """Store what the trial's worker cost (docs/cost.md#1-what-is-counted), also when the
+    trial was interrupted: its device time was spent all the same."""
+    usage = runner.usage()
+    if usage is None or rec.id is None:
+        return
+    for k, v in usage.fields().items():
+        setattr(rec, k, v)
+    with contextlib.suppress(ServiceError):  # the database's own error is raised elsewhere
+        store.update_trial(rec.id, **usage.fields())
 
 
 def _attempt_failed(store: Store, rec: TrialRecord, failure: str, names: list[str]) -> TrialOutcome:

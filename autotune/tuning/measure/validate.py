@@ -83,6 +83,12 @@ _RESULT_FIELDS = (
     "levels",
     "failure_class",
     "violations",
+    # what its worker cost (docs/cost.md#1-what-is-counted)
+    "worker_s",
+    "worker_startup_s",
+    "replayed_s",
+    "devices_held",
+    "cost_modelled",
 )
 
 
@@ -219,30 +225,39 @@ async def measure_run(
     except WorkerStartupError as exc:
         fc = str(exc.failure_class)
         await runner.stop()
-        return _measured(run, False, failure_class=fc, violations=[f"worker failed: {fc}"])
+        failed = _measured(run, False, failure_class=fc, violations=[f"worker failed: {fc}"])
+        return _with_usage(failed, runner)
     try:
         measured = await measure(runner, wl, plan)
         if plan.capacity:
-            return _capacity_run(run, runner, measured)
-        level = measured.level
-        dead, m, ls = level.death, level.outcome.metrics, level.score
-        held = ls.feasible and dead is None
-        return _measured(
-            run,
-            held,
-            capacity_scale=1.0 if held else None,
-            objective=m.output_throughput,
-            worst_margin=worst_slo_margin(m, slo) if cfg.mode == "fixed-rate" else None,
-            p99_ttft_ms=m.p99_ttft_ms,
-            p99_tpot_ms=m.p99_tpot_ms,
-            overlength_rate=m.overlength_rate if m.total else None,
-            requests=m.total,
-            levels=len(measured.levels),
-            failure_class=str(dead.failure_class) if dead is not None else None,
-            violations=ls.texts,
-        )
+            result = _capacity_run(run, runner, measured)
+        else:
+            level = measured.level
+            dead, m, ls = level.death, level.outcome.metrics, level.score
+            held = ls.feasible and dead is None
+            result = _measured(
+                run,
+                held,
+                capacity_scale=1.0 if held else None,
+                objective=m.output_throughput,
+                worst_margin=worst_slo_margin(m, slo) if cfg.mode == "fixed-rate" else None,
+                p99_ttft_ms=m.p99_ttft_ms,
+                p99_tpot_ms=m.p99_tpot_ms,
+                overlength_rate=m.overlength_rate if m.total else None,
+                requests=m.total,
+                levels=len(measured.levels),
+                failure_class=str(dead.failure_class) if dead is not None else None,
+                violations=ls.texts,
+            )
     finally:
         await runner.stop()
+    return _with_usage(result, runner)
+
+
+def _with_usage(run: RepeatRecord, runner: Runner) -> RepeatRecord:
+    """``run`` with what its worker cost (docs/cost.md#1-what-is-counted)."""
+    usage = runner.usage()
+    return dataclasses.replace(run, **usage.fields()) if usage is not None else run
 
 
 def _capacity_run(run: RepeatRecord, runner: Runner, measured: Measured) -> RepeatRecord:

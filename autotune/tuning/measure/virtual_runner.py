@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.errors import SimStartupError
 from autotune.failures import FailureMatch
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.sender import ProgressSnapshot
@@ -15,8 +16,11 @@ from autotune.loadgen.stop_rule import StopRule
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim import EngineArgs, jitter_seed, plan_memory, replay_level, sim_engine_args
+from autotune.store import WorkerUsage
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo, offered_rate, with_diagnosis
+from autotune.tuning.measure.usage import UsageMeter, sim_startup_s
+from autotune.workers.devices import devices_held
 from autotune.workers.vllm_command import format_command, vllm_argv
 from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
@@ -48,6 +52,8 @@ class VirtualRunner:
         self.early_stop = early_stop  # None: every level replays to its end
         self.args: EngineArgs | None = None
         self.draw = 0  # the jitter stream (0: the study's own); see redraw()
+        self.meter = UsageMeter()  # what each worker costs (docs/cost.md)
+        self._startup_s = 0.0
 
     def redraw(self, k: int) -> None:
         """Draw jitter stream ``k`` for the next levels, until stop(): a repeat of a level
@@ -56,8 +62,17 @@ class VirtualRunner:
         self.draw = k
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
+        every = {**self.static, **engine_args}
+        self.meter.begin(devices_held(every))
+        self._startup_s = 0.0
         args = sim_engine_args(engine_args, self.static)
-        mem = plan_memory(self.model, self.hardware, args.resolve(self.model, self.hardware))
+        try:
+            mem = plan_memory(self.model, self.hardware, args.resolve(self.model, self.hardware))
+        except SimStartupError as exc:  # charged up to where vLLM would have failed
+            self.meter.end(modelled_startup_s=sim_startup_s(self.model, every, exc.failure_class))
+            raise
+        self._startup_s = sim_startup_s(self.model, every)
+        self.meter.started(self._startup_s)
         self.args = args
         argv = vllm_argv(
             ["vllm"],
@@ -90,6 +105,7 @@ class VirtualRunner:
         )
         metrics = LevelMetrics.from_summary(level.summary, level.stop)
         out = LevelOutcome(scale, offered_rate(workload, scale), metrics, replay_s=level.replay_s)
+        self.meter.replayed(level.replay_s)
         r = level.args
         return with_diagnosis(out, level.telemetry, r.max_num_seqs, r.max_num_batched_tokens)
 
@@ -97,4 +113,8 @@ class VirtualRunner:
         return None
 
     async def stop(self) -> None:
+        self.meter.end(modelled_startup_s=self._startup_s)
         self.args, self.draw = None, 0
+
+    def usage(self) -> WorkerUsage | None:
+        return self.meter.last

@@ -27,6 +27,7 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import ConfigError
+from autotune.workers.devices import PARALLEL_FLAGS, flag_name, world_size
 
 __all__ = [
     "PARALLEL_FLAGS",
@@ -41,12 +42,6 @@ __all__ = [
 
 # A device: an index or a UUID (``GPU-8f3c...``, ``MIG-...``), as CUDA_VISIBLE_DEVICES takes.
 _DEVICE = re.compile(r"^[A-Za-z0-9_-]+$")
-# vLLM's flags whose product is the number of devices one server uses
-PARALLEL_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-
-
-def _key(name: str) -> str:
-    return name.lstrip("-").replace("-", "_")
 
 
 def parse_devices(text: str) -> tuple[str, ...]:
@@ -65,29 +60,17 @@ def parse_devices(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def world_size(args: Mapping[str, Any]) -> int | None:
-    """The devices one server with ``args`` uses (tensor x pipeline x data parallel sizes),
-    None when none of them is set."""
-    sizes = [v for k, v in args.items() if _key(k) in PARALLEL_FLAGS and v is not None]
-    if not sizes:
-        return None
-    n = 1
-    for v in sizes:
-        n *= int(v)
-    return n
-
-
 def implied_per_trial(cfg: StudyConfig) -> tuple[int, str] | None:
     """The devices per trial the study itself implies, and where that comes from: its
     parallel sizes in ``worker.static_args`` and, for a ``search.extra`` parameter, the
     largest choice (a lane must fit every trial)."""
     n, where = 1, []
     for k, v in cfg.worker.static_args.items():
-        if _key(k) in PARALLEL_FLAGS and v is not None:
+        if flag_name(k) in PARALLEL_FLAGS and v is not None:
             n *= int(v)
             where.append(f"worker.static_args.{k} {v}")
     for extra in cfg.search.extra:
-        if _key(extra.name) in PARALLEL_FLAGS:
+        if flag_name(extra.name) in PARALLEL_FLAGS:
             top = max(int(c) for c in extra.choices)
             n *= top
             where.append(f"search.extra {extra.name} (largest choice {top})")

@@ -1,0 +1,228 @@
+"""What a study costs in device time (docs/cost.md): the modelled start-up of a simulated
+vLLM, the meter a runner counts a worker with, every trial's and validation run's cost
+stored on both backends and summed, a failed start charged as far as it got, devices held
+under tensor parallelism, and a measured worker charged its lifetime as ``/proc`` records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.databases import BACKENDS, fresh_database
+from support.lifetimes import ChildLifetimes
+from support.runners import ScriptedRunner
+from support.studies import config
+
+from autotune.failures import FailureClass
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
+from autotune.sim import modelled_startup
+from autotune.sim.startup_time import (
+    ARG_CHECK_S,
+    COMPILE_S,
+    GRAPH_CAPTURE_S,
+    OVERHEAD_S,
+    PROFILE_S,
+    WEIGHT_LOAD_BPS,
+)
+from autotune.store import RepeatRecord, Store, TrialRecord, WorkerUsage
+from autotune.tuning.measure.cost import study_cost
+from autotune.tuning.measure.http_runner import HttpRunner
+from autotune.tuning.measure.outcome import replay_seconds
+from autotune.tuning.measure.trial import TrialSetup, run_trial
+from autotune.tuning.measure.usage import UsageMeter, sim_startup_s
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.workers.devices import devices_held
+from autotune.workers.sim_worker import SimWorker
+from autotune.workload.build import build_workload
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+# -- the start-up model ------------------------------------------------------------------
+def test_a_start_is_the_sum_of_its_phases_and_eager_skips_compile_and_graphs() -> None:
+    model = get_model(LLAMA_8B)
+    est = modelled_startup(model)
+    weights = model.weight_bytes(1) / WEIGHT_LOAD_BPS
+    assert est.weights_s == pytest.approx(weights) and 3.5 < weights < 4.5  # 16 GB at 3.8 GiB/s
+    assert est.total_s == pytest.approx(
+        OVERHEAD_S + weights + COMPILE_S + PROFILE_S + GRAPH_CAPTURE_S
+    )
+    eager = modelled_startup(model, enforce_eager=True)
+    assert eager.total_s == pytest.approx(OVERHEAD_S + weights + PROFILE_S)
+    # ranks read their shard in parallel
+    assert modelled_startup(model, tensor_parallel_size=2).weights_s == pytest.approx(
+        model.weight_bytes(2) / WEIGHT_LOAD_BPS
+    )
+
+
+def test_a_failed_start_is_charged_as_far_as_vllm_gets() -> None:
+    model = get_model(LLAMA_8B)
+    full = modelled_startup(model)
+    # a rejected argument: the imports, then the error
+    assert modelled_startup(model, failure=FailureClass.MNBT_LT_MNS).total_s == ARG_CHECK_S
+    # a memory error: after loading and profiling, before any graph
+    kv = modelled_startup(model, failure=FailureClass.KV_TOO_SMALL)
+    assert kv.graphs_s == 0 and kv.total_s == pytest.approx(full.total_s - GRAPH_CAPTURE_S)
+
+
+def test_devices_held_are_the_given_devices_else_the_parallel_sizes() -> None:
+    assert devices_held({}) == 1
+    assert devices_held({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 4
+    assert devices_held({"tensor-parallel-size": 4}) == 4
+    assert devices_held({"tensor_parallel_size": 2}, "0,1,2") == 3
+
+
+# -- the meter -----------------------------------------------------------------------------
+def test_the_meter_charges_a_simulated_worker_its_model_and_a_real_one_its_lifetime() -> None:
+    m = UsageMeter()
+    assert m.last is None
+    m.begin(devices=2)
+    m.replayed(30.0)
+    m.replayed(12.5)
+    m.end(modelled_startup_s=60.0)
+    assert m.last == WorkerUsage(102.5, 60.0, 42.5, 2, True)
+    assert m.last.gpu_s == 205.0
+    m.end(modelled_startup_s=1.0)  # ended once: a second end changes nothing
+    assert m.last.worker_s == 102.5
+    m.begin(devices=1)
+    assert m.last is None  # a new worker's cost, never the last one's
+    m.started(20.0)
+    m.replayed(5.0)
+    m.end(lifetime_s=31.0)
+    assert m.last == WorkerUsage(31.0, 20.0, 5.0, 1, False)
+    m.begin(devices=1)  # never served: all of its life was start-up
+    m.end(lifetime_s=9.0)
+    assert m.last == WorkerUsage(9.0, 9.0, 0.0, 1, False)
+
+
+# -- a study, stored and summed ----------------------------------------------------------
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    with fresh_database(request.param, tmp_path) as url, Store.open(url, upgrade=True) as s:
+        yield s
+
+
+def test_every_worker_of_a_study_is_counted_stored_and_summed(store: Store) -> None:
+    cfg, text = config(
+        enqueue=[{"max_num_seqs": 64, "max_num_batched_tokens": 32}],  # refused at start-up
+        strategy={
+            "name": "joint",
+            "n_trials": 4,
+            "validate": {"enabled": True, "top_k": 1, "repeats": 2},
+            "min_level_s": 0,
+            "min_level_requests": 0,
+        },
+        worker={"kind": "sim-virtual", "static_args": {"tensor_parallel_size": 2}},
+    )
+    create_study(cfg, text, store)
+    run_study(cfg.name, store)
+    trials, repeats = store.trials(cfg.name), store.repeats(cfg.name)
+    model = get_model(cfg.model.name)
+    assert [t.stage for t in trials][:2] == ["baseline", "enqueue-0"]
+    for t in trials:
+        u = t.usage
+        assert u is not None and u.cost_modelled and u.devices_held == 2, t
+        assert u.gpu_s == pytest.approx(2 * u.worker_s)
+        assert u.worker_s == pytest.approx(u.worker_startup_s + u.replayed_s)
+    base, refused, sampled = trials[:3]
+    # the refused config: charged the argument check, nothing replayed
+    assert refused.failure_class == "MNBT_LT_MNS"
+    assert refused.usage == WorkerUsage(ARG_CHECK_S, ARG_CHECK_S, 0.0, 2, True)
+    # a served config: the modelled start plus exactly the load its levels replayed
+    args = {"tensor_parallel_size": 2, **sampled.engine_args}
+    assert sampled.usage is not None
+    assert sampled.usage.worker_startup_s == pytest.approx(sim_startup_s(model, args))
+    stored = sum(replay_seconds(lv.metrics) for lv in sampled.levels)
+    assert stored > 0 and sampled.usage.replayed_s == pytest.approx(stored)
+    # the baseline also replayed its boundary level twice more: the server's noise
+    assert base.usage is not None
+    searched = sum(replay_seconds(lv.metrics) for lv in base.levels)
+    boundary = base.headline_level()
+    assert boundary is not None
+    noise_s = base.usage.replayed_s - searched
+    assert noise_s == pytest.approx(2 * replay_seconds(boundary.metrics), rel=0.05)
+    # validation runs are counted too
+    done = [r for r in repeats if r.state == "COMPLETE"]
+    assert done and all(r.usage is not None and r.usage.replayed_s > 0 for r in done)
+    cost = study_cost(trials, repeats)
+    assert cost.worker_starts == len(trials) + len(done) and cost.trials == 4
+    assert cost.trials_gpu_s == pytest.approx(sum(t.usage.gpu_s for t in trials if t.usage))
+    assert cost.validation_gpu_s == pytest.approx(sum(r.usage.gpu_s for r in done if r.usage))
+    assert cost.gpu_hours == pytest.approx(cost.gpu_s / 3600)
+    assert cost.modelled and cost.uncounted == 0
+    assert cost.text.startswith(f"cost: {cost.gpu_hours:.2f} GPU-hours (4 trials ")
+    assert "validation" in cost.text and "start-up modelled" in cost.text
+
+
+def test_records_without_a_cost_are_named_not_counted_as_zero() -> None:
+    old = TrialRecord("s", 0, "baseline", "COMPLETE", {}, {}, None, None, "vllm")
+    old.started_at = old.finished_at = None
+    new = TrialRecord("s", 1, "joint", "COMPLETE", {}, {}, None, None, "vllm")
+    for k, v in WorkerUsage(100.0, 40.0, 50.0, 1, False).fields().items():
+        setattr(new, k, v)
+    from datetime import UTC, datetime
+
+    old.started_at = datetime.now(UTC)
+    pending = RepeatRecord("s", 0, 0, 1, "candidate", {}, "seed 1", 1, 1)
+    cost = study_cost([old, new], [pending])
+    assert cost.gpu_s == 100.0 and cost.worker_starts == 1 and cost.uncounted == 1
+    assert "1 older records not counted" in cost.text and "modelled" not in cost.text
+    assert study_cost([], []).text == "cost: nothing counted yet"
+
+
+def test_an_interrupted_trial_keeps_its_cost(tmp_path: Path) -> None:
+    cfg, _ = config(mode="fixed-rate")
+    runner = ScriptedRunner(
+        raise_in_level=(0, asyncio.CancelledError()),
+        cost=WorkerUsage(12.0, 10.0, 2.0, 1, False),
+    )
+    wl = build_workload(cfg.workload, vocab_size=32_000)
+    with Store.open(f"sqlite:///{tmp_path / 'c.db'}") as s:
+        from autotune.tuning.run.create import create_study as create
+
+        create(cfg, "x: 1", s)
+        setup = TrialSetup(cfg, runner, wl, s, cfg.name)
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(run_trial(setup, number=0, stage="baseline", params={}, engine_args={}))
+        (t,) = s.trials(cfg.name)
+    assert t.state == "FAIL" and t.usage == WorkerUsage(12.0, 10.0, 2.0, 1, False)
+
+
+# -- a measured worker -------------------------------------------------------------------
+def test_a_measured_worker_is_charged_its_lifetime_as_proc_records_it(tmp_path: Path) -> None:
+    """A worker process counted as real vLLM is (its lifetime measured, not modelled):
+    within 5 % of its start in /proc to its exit."""
+    cfg, _ = config(workload={"num_prompts": 20, "rate": 10})
+    hw = get_hardware(cfg.hardware)
+    sim = SimWorker(model=cfg.model.name, hardware=hw.name, workdir=tmp_path / "w", time_scale=1.0)
+    runner = HttpRunner(
+        sim,
+        kind="vllm",
+        model_name=cfg.model.name,
+        endpoint="completions",
+        vocab_size=32_000,
+        time_scale=1.0,
+    )
+    wl = build_workload(cfg.workload, vocab_size=32_000)
+
+    async def one_worker() -> None:
+        await runner.start({"max_num_seqs": 8}, "trial-0000")
+        try:
+            await runner.run_level(wl, 1.0)
+            await asyncio.sleep(0.5)  # idle time is device time too
+        finally:
+            await runner.stop()
+
+    with ChildLifetimes() as watch:
+        asyncio.run(one_worker())
+    (life,) = watch.lifetimes.values()
+    u = runner.usage()
+    assert u is not None and not u.cost_modelled and u.devices_held == 1
+    assert math.isclose(u.worker_s, life, rel_tol=0.05), (u, life)
+    assert 0 < u.worker_startup_s < u.worker_s and 1.0 < u.replayed_s < u.worker_s
