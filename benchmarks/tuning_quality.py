@@ -55,6 +55,7 @@ from validation_check import search_only, search_only_figures, validation_figure
 from autotune.config import StudyConfig
 from autotune.report.recommend import recommend
 from autotune.store import RepeatRecord, Store, TrialRecord
+from autotune.tuning.measure.cost import StudyCost, study_cost
 from autotune.tuning.measure.outcome import replay_seconds
 from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config
 from autotune.tuning.run.controller import run_study
@@ -88,14 +89,23 @@ def scenario_study(
 ) -> tuple[StudyConfig, list[TrialRecord], list[RepeatRecord], float]:
     """Run one study of a scenario in a throwaway SQLite store: its config, its complete
     trials, its validation runs and its wall seconds (``search_check.py`` runs the same)."""
+    cfg, trials, repeats, wall, _ = costed_study(name, st_cfg, seed)
+    return cfg, trials, repeats, wall
+
+
+def costed_study(
+    name: str, st_cfg: dict[str, Any], seed: int
+) -> tuple[StudyConfig, list[TrialRecord], list[RepeatRecord], float, StudyCost]:
+    """:func:`scenario_study` and what its workers cost (every attempt, docs/cost.md)."""
     cfg, text = scenario_config(name, strategy=st_cfg, seed=seed)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/s.db") as store:
         create_study(cfg, text, store)
         run_study(name, store)
-        trials = [t for t in store.trials(name) if t.state == "COMPLETE"]
+        every = store.trials(name)
         repeats = store.repeats(name)
-    return cfg, trials, repeats, time.perf_counter() - t0
+    trials = [t for t in every if t.state == "COMPLETE"]
+    return cfg, trials, repeats, time.perf_counter() - t0, study_cost(every, repeats)
 
 
 def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
@@ -107,7 +117,7 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         # without early stop every level replays to its end: measure the oracle's stops too
         oracle = None if early else stack.enter_context(oracle_replay(scenario_config(name)[0]))
-        cfg, trials, repeats, wall = scenario_study(
+        cfg, trials, repeats, wall, cost = costed_study(
             name, strategy_config(strategy, n_trials, early), seed
         )
     recs: dict[int, Any] = {}
@@ -137,6 +147,14 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         "feasible_replay_s": sum(
             replay_seconds(lv.metrics) for t in trials for lv in t.levels if lv.feasible
         ),
+        # what the study's workers cost, as the product counts it (docs/cost.md), and the
+        # replayed seconds its stored levels add up to (the trials' and validation's; the
+        # noise re-runs are not stored levels): the check of the counted figure
+        "gpu_s": cost.gpu_s,
+        "validation_gpu_s": cost.validation_gpu_s,
+        "counted_replayed_s": cost.replayed_s,
+        "startup_s": cost.startup_s,
+        "worker_starts": cost.worker_starts,
         "oracle_s": oracle.oracle_s if oracle else None,
         "oracle_full_s": oracle.full_s if oracle else None,
         "infeasible": sum(1 for t in trials if not t.feasible),
@@ -144,6 +162,28 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         "recs": recs,
         "validation": validation_of(cfg, trials, repeats),
         "search_rec": search_only(cfg, trials),
+    }
+
+
+def cost_figures(studies: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and max over ``studies`` of their device hours and replayed hours as the
+    product counted them, with the replayed hours their stored levels add up to beside
+    (lower: the noise re-runs and validation levels are counted but not stored as levels)."""
+
+    def med_max(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
+        return {"median": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+    return {
+        "gpu_hours_per_study": med_max([st["gpu_s"] / 3600 for st in studies]),
+        "validation_gpu_hours_per_study": med_max(
+            [st["validation_gpu_s"] / 3600 for st in studies]
+        ),
+        "replayed_hours_per_study": med_max([st["counted_replayed_s"] / 3600 for st in studies]),
+        "stored_level_hours_per_study": med_max([st["replay_s"] / 3600 for st in studies]),
+        "startup_hours_per_study": med_max([st["startup_s"] / 3600 for st in studies]),
+        "worker_starts_per_study": med_max([float(st["worker_starts"]) for st in studies]),
     }
 
 
@@ -381,6 +421,7 @@ def main() -> None:
         d["mean_levels_per_trial"] = round(
             sum(r["levels"] for r in rs) / max(sum(r["trials"] for r in rs), 1), 2
         )
+        d.update(cost_figures([st for st in studies if st["strategy"] == s]))
         by[s] = d
         print(f"  {s:8s} {json.dumps(d)}")
     print("\nreported vs re-measured gain over vLLM's defaults (pp), worst per scenario:")
@@ -406,6 +447,9 @@ def main() -> None:
                 "n_trials": n_trials,
                 "median_pct_of_best_at_20": default.get("median_pct_of_best_at_20"),
                 "worst_pct_of_best_at_20": default.get("worst_pct_of_best_at_20"),
+                # the default strategy's device time per study (docs/cost.md)
+                "gpu_hours_per_study": default.get("gpu_hours_per_study"),
+                "replayed_hours_per_study": default.get("replayed_hours_per_study"),
                 "max_reported_gain_error_pp": round(max(errs), 2) if errs else None,
                 "by_strategy": by,
                 **vfig,
