@@ -32,11 +32,20 @@ from autotune.sim.startup_time import (
 from autotune.store import RepeatRecord, Store, TrialRecord, WorkerUsage
 from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.http_runner import HttpRunner
+from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.outcome import replay_seconds
 from autotune.tuning.measure.trial import TrialSetup, run_trial
 from autotune.tuning.measure.usage import UsageMeter, sim_startup_s
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
+from autotune.tuning.run.gpu_budget import (
+    CostEstimate,
+    estimate,
+    level_seconds,
+    over_budget,
+    search_scales,
+)
+from autotune.tuning.run.status import study_plan
 from autotune.workers.devices import devices_held
 from autotune.workers.sim_worker import SimWorker
 from autotune.workload.build import build_workload
@@ -226,3 +235,72 @@ def test_a_measured_worker_is_charged_its_lifetime_as_proc_records_it(tmp_path: 
     assert u is not None and not u.cost_modelled and u.devices_held == 1
     assert math.isclose(u.worker_s, life, rel_tol=0.05), (u, life)
     assert 0 < u.worker_startup_s < u.worker_s and 1.0 < u.replayed_s < u.worker_s
+
+
+# -- the plan's estimate and the budget ----------------------------------------------------
+def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None:
+    cfg, _ = config(strategy={"min_level_s": 30, "min_level_requests": 200})
+    model = get_model(cfg.model.name)
+    wl = build_workload(cfg.workload, vocab_size=model.vocab_size)
+    plan = LevelPlan.of(cfg)
+    scales = search_scales(plan)
+    # the search from the lattice's ends: the top first, then bisection towards the middle
+    middle = math.sqrt(plan.lattice.low * plan.lattice.high)
+    assert scales[0] == plan.lattice.scale(plan.lattice.top)
+    assert 4 <= len(scales) <= plan.max_levels and len(set(scales)) == len(scales)
+    assert min(scales, key=lambda sc: abs(math.log(sc / middle))) == pytest.approx(middle, rel=0.02)
+    assert search_scales(LevelPlan.of(config(mode="fixed-rate")[0])) == [1.0]
+    # 120 requests at 4 req/s span about 30 s: at 0.25x a level lasts 4 x that, looped to
+    # 200 requests (two copies)
+    span = float(wl.arrivals()[-1])
+    assert level_seconds(wl, 0.25, 30, 200) == (pytest.approx(2 * span / 0.25), False)
+    assert level_seconds(wl, 4.0, 30, 0) == (
+        pytest.approx(math.ceil(30 * 4 / span) * span / 4),
+        False,
+    )
+    closed, _ = config(mode="offline", workload={"arrival": "closed", "concurrency": 8})
+    assert level_seconds(build_workload(closed.workload), 1.0, 30, 200) == (30, True)
+    est = estimate(cfg, model, wl, trials=24)
+    levels = sum(level_seconds(wl, s, 30, 200)[0] for s in scales)
+    assert est.trial_gpu_s == pytest.approx(sim_startup_s(model, {}) + levels)
+    assert est.search_gpu_s == pytest.approx(24 * est.trial_gpu_s)
+    v = cfg.strategy.validate_
+    reps = (v.top_k + 1) * cfg.validation_repeats
+    assert est.validation_gpu_s == pytest.approx(
+        2 * level_seconds(wl, 1.0, 30, 200)[0] + reps * est.trial_gpu_s
+    )
+    assert est.text.startswith(f"about {est.gpu_hours:.2f} GPU-hours (24 trials of about ")
+    assert estimate(closed, model, build_workload(closed.workload), 3).text.startswith("at least")
+
+
+def test_over_budget_counts_what_was_spent_what_runs_and_the_validation_after() -> None:
+    cfg, _ = config(strategy={"gpu_hours": 1.0})
+    est = CostEstimate(trials=10, trial_gpu_s=600.0, validation_gpu_s=1200.0, lower_bound=False)
+    # 3600 s: 1200 spent + (1 running + the next) x 600 + 1200 validation = 3600 fits
+    assert not over_budget(cfg, est, 1200.0, running=1)
+    assert over_budget(cfg, est, 1201.0, running=1)
+    assert not over_budget(config()[0], est, 1e9, running=9)  # no budget, no limit
+
+
+@pytest.mark.config_field("strategy.gpu_hours")
+def test_a_budget_ends_the_search_early_and_the_validation_still_runs(tmp_path: Path) -> None:
+    base = {"name": "joint", "n_trials": 12, "validate": {"enabled": True, "top_k": 1}}
+    base |= {"min_level_s": 0, "min_level_requests": 0}
+    free, _ = config(strategy=base)
+    model = get_model(free.model.name)
+    est = estimate(free, model, build_workload(free.workload, vocab_size=model.vocab_size), 12)
+    # room for the validation phase and about 4 trials
+    hours = (est.validation_gpu_s + 4.5 * est.trial_gpu_s) / 3600
+    cfg, text = config(strategy=base | {"gpu_hours": hours})
+    with Store.open(f"sqlite:///{tmp_path / 'b.db'}") as s:
+        create_study(cfg, text, s)
+        (line,) = [ln for ln in study_plan(s, cfg.name) if "GPU-hours" in ln]
+        assert line.endswith(f"; budget {hours:g} GPU-hours (strategy.gpu_hours)")
+        report = run_study(cfg.name, s)
+        trials, repeats = s.trials(cfg.name), s.repeats(cfg.name)
+    assert report.stopped_by == "gpu budget" and 2 <= report.trials_run < 12
+    # the validation phase ran on what the search had
+    assert report.validation_runs > 0 and all(r.state == "COMPLETE" for r in repeats)
+    # it stopped because one more trial would not have left the validation its room
+    search_spent = study_cost(trials, []).gpu_s
+    assert search_spent + est.trial_gpu_s + est.validation_gpu_s > hours * 3600

@@ -297,6 +297,9 @@ class StrategyConfig(ConfigModel):
     min_level_s: float = Field(30.0, ge=0, le=86400.0)
     min_level_requests: int = Field(200, ge=0, le=1_000_000)
     validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
+    # a study's device-time budget: no trial starts that would leave too little for the
+    # validation phase (docs/cost.md#3-the-plan-and-the-budget); None: no budget
+    gpu_hours: float | None = Field(None, gt=0, le=1e6)
 
     @model_validator(mode="after")
     def _capacity_range(self) -> StrategyConfig:

@@ -41,7 +41,7 @@ class RunHooks:
 @dataclass
 class RunReport:
     trials_run: int
-    stopped_by: str  # "plan complete" | "n_trials" | "timeout"
+    stopped_by: str  # "plan complete" | "n_trials" | "timeout" | "gpu budget"
     idle_s: float = 0.0  # waiting for other controllers' trials (docs/faults.md)
     recovered: list[str] = field(default_factory=list)  # what the start-up recovery fixed
     retried: list[int] = field(default_factory=list)  # retries this run queued

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from autotune.config import StudyConfig
 from autotune.store.optuna_ids import trial_id
 from autotune.tuning import attrs, study_attrs
+from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.findings import trial_summary
 from autotune.tuning.measure.scoring import Slo, record_rank
 from autotune.tuning.measure.trial import TrialOutcome, TrialSetup, run_trial
@@ -22,10 +23,13 @@ from autotune.tuning.measure.validate import ValidationOutcome, run_validation
 from autotune.tuning.run.claims import Claimed, Done
 from autotune.tuning.run.context import RunContext, RunReport
 from autotune.tuning.run.events import RunStart, TrialAbandoned, on_lane
+from autotune.tuning.run.gpu_budget import estimate, over_budget
 from autotune.tuning.run.lanes import RunBudget, run_lanes
 from autotune.tuning.search.strategy import planned_total
 
-__all__ = ["optuna_value", "run_trials"]
+__all__ = ["GPU_BUDGET", "optuna_value", "run_trials"]
+
+GPU_BUDGET = "gpu budget"  # why a run ended: the next trial would pass strategy.gpu_hours
 
 
 def optuna_value(cfg: StudyConfig, out: TrialOutcome) -> float:
@@ -62,6 +66,17 @@ async def run_trials(
         )
     assert session.claims is not None and session.recovery is not None
     claims, retried = session.claims, session.recovery.retried
+    # strategy.gpu_hours: each trial at this price (docs/cost.md#3-the-plan-and-the-budget)
+    price = estimate(cfg, ctx.model, ctx.wl, planned) if cfg.strategy.gpu_hours else None
+
+    def out_of_budget() -> bool:
+        if price is None:
+            return False
+        spent = study_cost(
+            ctx.store.trials(cfg.name, with_levels=False), ctx.store.repeats(cfg.name)
+        )
+        return over_budget(cfg, price, spent.gpu_s, budget.reserved - budget.ran - 1)
+
     halted: list[str] = []  # why the other lanes stopped, once one lane failed
 
     async def lane(index: int) -> str:
@@ -89,6 +104,9 @@ async def run_trials(
         while True:
             if (why := budget.reserve()) is not None:
                 return why
+            if out_of_budget():  # the search ends here; the validation phase still runs
+                budget.release()
+                return GPU_BUDGET
             # the next trial, claimed exactly once among every lane of every controller of
             # the study; or wait while others run the rest of the current stage
             got = claims.next(index)
@@ -173,7 +191,7 @@ async def run_trials(
     # a lane that found the plan complete speaks for the run; else the first limit reached
     stopped_by = next((w for w in ("plan complete", "timeout") if w in stopped), stopped[0])
     runs = 0
-    if stopped_by == "plan complete":
+    if stopped_by in ("plan complete", GPU_BUDGET):
         # the search is over: re-measure its top configs within the same time limit, one
         # run at a time on the first lane's devices (docs/tuning.md#7-validation)
         gpus = ",".join(plan.lanes[0]) if plan is not None else cfg.worker.gpus

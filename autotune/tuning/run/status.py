@@ -9,13 +9,19 @@ from datetime import datetime
 import optuna
 from optuna.trial import TrialState
 
+from autotune.config import StudyConfig
+from autotune.errors import ConfigError
 from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.create import load_study_config
+from autotune.tuning.run.gpu_budget import estimate
 from autotune.tuning.search.edges import apply_widenings, stored_widenings
+from autotune.tuning.search.plan import model_of
+from autotune.tuning.search.space import SpaceBounds
 from autotune.tuning.search.stages import plan_lines
 from autotune.tuning.search.strategy import planned_total
+from autotune.workload.build import study_workload
 
 __all__ = ["RunningTrial", "StudyStatus", "study_plan", "study_status"]
 
@@ -110,5 +116,28 @@ def study_plan(store: Store, name: str) -> list[str]:
     bounds, screening = header.bounds, header.screening
     widened = stored_widenings(study)  # edges moved out by the passes so far
     bounds = apply_widenings(bounds, widened)
-    lines = plan_lines(study.get_trials(deepcopy=False), cfg.strategy, bounds, screening)
-    return lines + [w.line() for w in widened]
+    trials = study.get_trials(deepcopy=False)
+    lines = plan_lines(trials, cfg.strategy, bounds, screening)
+    return lines + [w.line() for w in widened] + _cost_line(cfg, header, bounds, trials)
+
+
+def _cost_line(
+    cfg: StudyConfig,
+    header: study_attrs.StudyHeader,
+    bounds: SpaceBounds,
+    trials: list[optuna.trial.FrozenTrial],
+) -> list[str]:
+    """The plan's device time (docs/cost.md#3-the-plan-and-the-budget), and the budget if
+    one is set; none when the workload cannot be read any more (its file moved)."""
+    model = model_of(cfg)
+    try:
+        wl = study_workload(
+            cfg, vocab_size=model.vocab_size, expect_fingerprint=header.workload_fingerprint
+        )
+    except ConfigError:
+        return []
+    total = planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), trials)
+    line = estimate(cfg, model, wl, total).text
+    if cfg.strategy.gpu_hours is not None:
+        line += f"; budget {cfg.strategy.gpu_hours:g} GPU-hours (strategy.gpu_hours)"
+    return [line]
