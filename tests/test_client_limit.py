@@ -116,29 +116,6 @@ def test_bursts_are_the_clients_only_when_its_own_loop_ran_late() -> None:
     assert check(summary(p99_schedule_lag_ms=450.0, **{LOOP_LAG_KEY: 0.4})) is not None
 
 
-def test_a_real_run_reports_its_loop_lag_and_a_blocked_loop_shows_in_it() -> None:
-    async def go(stall_s: float) -> Any:
-        srv = sim_server(io.StringIO(), 1.0)
-        async with TestServer(srv.app()) as ts:
-            specs = [
-                WorkloadRequest(
-                    64, 4, prompt_token_ids=(11,) * 64, arrival=0.02 * i, request_id=f"r{i}"
-                )
-                for i in range(40)
-            ]
-            return await run_load(
-                str(ts.make_url("")),
-                specs,
-                LoadOptions(model="meta-llama/Llama-3.1-8B-Instruct", progress_interval=0.1),
-                progress=lambda _p: time.sleep(stall_s),
-            )
-
-    free, stalled = asyncio.run(go(0.0)), asyncio.run(go(0.05))
-    assert free.summary[LOOP_LAG_KEY] is not None and stalled.summary[LOOP_LAG_KEY] is not None
-    # a 50-ms stall every 100 ms: a third or more of the 10-ms wake-ups run late by tens of ms
-    assert stalled.summary[LOOP_LAG_KEY] >= 20.0 > free.summary[LOOP_LAG_KEY]
-
-
 def test_no_client_is_never_client_limited() -> None:
     # the in-process simulator's summary has no client_loop
     assert check(summary(None, p99_schedule_lag_ms=9000.0, median_itl_ms=0.0)) is None
@@ -273,7 +250,10 @@ def test_client_limited_twice_stops_the_run_with_one_line() -> None:
 
 
 # -- real runs: a blocked event loop lags the sends -----------------------------------------
-def test_a_client_whose_loop_blocks_is_flagged() -> None:
+def stalled_run(n: int, every_s: float, stall_s: float) -> Any:
+    """``n`` requests 20 ms apart against a simulated server in real time, the client's loop
+    stalled for ``stall_s`` at every progress snapshot (one every ``every_s``)."""
+
     async def go() -> Any:
         srv = sim_server(io.StringIO(), 1.0)
         async with TestServer(srv.app()) as ts:
@@ -281,21 +261,32 @@ def test_a_client_whose_loop_blocks_is_flagged() -> None:
                 WorkloadRequest(
                     64, 4, prompt_token_ids=(11,) * 64, arrival=0.02 * i, request_id=f"r{i}"
                 )
-                for i in range(60)
+                for i in range(n)
             ]
-            # every progress snapshot stalls the loop for 150 ms: sends due then go late
             return await run_load(
                 str(ts.make_url("")),
                 specs,
-                LoadOptions(model="meta-llama/Llama-3.1-8B-Instruct", progress_interval=0.3),
-                progress=lambda _p: time.sleep(0.15),
+                LoadOptions(model="meta-llama/Llama-3.1-8B-Instruct", progress_interval=every_s),
+                progress=lambda _p: time.sleep(stall_s),
             )
 
-    res = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_a_client_whose_loop_blocks_is_flagged() -> None:
+    # every progress snapshot stalls the loop for 150 ms: sends due then go late
+    res = stalled_run(60, 0.3, 0.15)
     assert res.summary["completed"] == 60
     cl = LevelMetrics.from_summary(res.summary).client_limit
     assert cl is not None and cl.bound == "send_lag" and cl.value_ms > 100.0
     assert res.summary["p99_schedule_lag_ms"] == cl.value_ms
+
+
+def test_a_real_run_reports_its_loop_lag_and_a_blocked_loop_shows_in_it() -> None:
+    free, stalled = stalled_run(40, 0.1, 0.0), stalled_run(40, 0.1, 0.05)
+    assert free.summary[LOOP_LAG_KEY] is not None and stalled.summary[LOOP_LAG_KEY] is not None
+    # a 50-ms stall every 100 ms: a third or more of the 10-ms wake-ups run late by tens of ms
+    assert stalled.summary[LOOP_LAG_KEY] >= 20.0 > free.summary[LOOP_LAG_KEY]
 
 
 def test_bench_prints_the_warning(

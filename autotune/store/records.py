@@ -60,15 +60,18 @@ class WorkerUsage:
         }
 
 
-class _HasUsage:
-    """The five stored fields of a :class:`WorkerUsage`, read back as one (None when the
-    record has no worker: never launched, or stored before these fields existed)."""
+@dataclass(kw_only=True)
+class _WorkerCostFields:
+    """The five stored fields of a :class:`WorkerUsage`, which trials and validation runs
+    share (keyword-only, after each record's own fields), read back as one by
+    :attr:`usage` (None when the record has no worker: never launched, or stored before
+    these fields existed)."""
 
-    worker_s: float | None
-    worker_startup_s: float | None
-    replayed_s: float | None
-    devices_held: int | None
-    cost_modelled: bool | None
+    worker_s: float | None = None
+    worker_startup_s: float | None = None
+    replayed_s: float | None = None
+    devices_held: int | None = None
+    cost_modelled: bool | None = None
 
     @property
     def usage(self) -> WorkerUsage | None:
@@ -137,7 +140,7 @@ class LevelRecord:
 
 
 @dataclass
-class TrialRecord(_HasUsage):
+class TrialRecord(_WorkerCostFields):
     """One Optuna trial: the engine config tried, how the worker fared, and its levels.
 
     ``state`` is ``"RUNNING"``, ``"COMPLETE"`` or ``"FAIL"``; ``params`` is what the sampler
@@ -169,12 +172,6 @@ class TrialRecord(_HasUsage):
     finished_at: datetime | None = None
     # the devices its worker saw (CUDA_VISIBLE_DEVICES, e.g. "0,1"); None when not set
     devices: str | None = None
-    # what its worker cost (WorkerUsage, read back as .usage; docs/cost.md)
-    worker_s: float | None = None
-    worker_startup_s: float | None = None
-    replayed_s: float | None = None
-    devices_held: int | None = None
-    cost_modelled: bool | None = None
     id: int | None = None
 
     def headline_level(self) -> LevelRecord | None:
@@ -207,7 +204,7 @@ class StudySummary:
 
 
 @dataclass
-class RepeatRecord(_HasUsage):
+class RepeatRecord(_WorkerCostFields):
     """One run of the validation phase (docs/tuning.md#7-validation): a stored trial's
     config re-measured on a fresh workload sample with fresh jitter, outside Optuna.
 
@@ -243,10 +240,4 @@ class RepeatRecord(_HasUsage):
     violations: list[str] = field(default_factory=list)
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    # what its worker cost (WorkerUsage, read back as .usage; docs/cost.md)
-    worker_s: float | None = None
-    worker_startup_s: float | None = None
-    replayed_s: float | None = None
-    devices_held: int | None = None
-    cost_modelled: bool | None = None
     id: int | None = None

@@ -137,6 +137,17 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+class WorkerCostColumns:
+    """Revision 0007: what a trial's or validation run's worker cost (docs/cost.md), the
+    columns of ``_WorkerCostFields`` in :mod:`autotune.store.records`."""
+
+    worker_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    worker_startup_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    replayed_s: Mapped[float | None] = mapped_column(FiniteFloat)
+    devices_held: Mapped[int | None] = mapped_column(Integer)
+    cost_modelled: Mapped[bool | None] = mapped_column(Boolean)
+
+
 class StudyRow(Base):
     __tablename__ = "autotune_studies"
 
@@ -158,7 +169,7 @@ class StudyRow(Base):
     )
 
 
-class TrialRow(Base):
+class TrialRow(WorkerCostColumns, Base):
     __tablename__ = "autotune_trials"
     # Its index also serves "the trials of a study, by number": no separate study_id index.
     __table_args__ = (UniqueConstraint("study_id", "optuna_trial_number"),)
@@ -187,12 +198,6 @@ class TrialRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # revision 0005: the CUDA_VISIBLE_DEVICES the trial's worker got (None: not set)
     devices: Mapped[str | None] = mapped_column(String(512))
-    # revision 0007: what its worker cost (docs/cost.md)
-    worker_s: Mapped[float | None] = mapped_column(FiniteFloat)
-    worker_startup_s: Mapped[float | None] = mapped_column(FiniteFloat)
-    replayed_s: Mapped[float | None] = mapped_column(FiniteFloat)
-    devices_held: Mapped[int | None] = mapped_column(Integer)
-    cost_modelled: Mapped[bool | None] = mapped_column(Boolean)
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
     levels: Mapped[list[LevelRow]] = relationship(
@@ -305,7 +310,7 @@ class ClaimRow(Base):
     outcome: Mapped[str | None] = mapped_column(String(16))  # COMPLETE | FAIL | ABANDONED
 
 
-class RepeatRow(Base):
+class RepeatRow(WorkerCostColumns, Base):
     """A validation run (revision 0004): not an Optuna trial, so trial counts and the
     dashboard stay the search's own."""
 
@@ -337,12 +342,6 @@ class RepeatRow(Base):
     violations: Mapped[list[str]] = mapped_column(Json)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # revision 0007: what its worker cost (docs/cost.md)
-    worker_s: Mapped[float | None] = mapped_column(FiniteFloat)
-    worker_startup_s: Mapped[float | None] = mapped_column(FiniteFloat)
-    replayed_s: Mapped[float | None] = mapped_column(FiniteFloat)
-    devices_held: Mapped[int | None] = mapped_column(Integer)
-    cost_modelled: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class NightlyDecisionRow(Base):
