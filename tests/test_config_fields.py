@@ -639,6 +639,9 @@ def test_capacity_lattice_comes_from_the_strategy(tmp_path: Path) -> None:
 
 # -- telemetry -------------------------------------------------------------------------------
 class _FakeWorker:
+    static_args: dict[str, Any] = {}  # noqa: RUF012  (read only)
+    gpus = None
+
     async def start(self, engine_args: Any, trial_name: str) -> WorkerInfo:
         return WorkerInfo(
             base_url="http://127.0.0.1:9999",

@@ -242,10 +242,18 @@ def test_cli_end_to_end(backend: str, tmp_path: Path) -> None:
         shown = json.loads(
             runner.invoke(app, ["study", "show", "t", "--json", "--storage", url]).output
         )
-        assert shown["plan"] == ["strategy joint: 3 trials, baseline first"]
+        plan, price = shown["plan"]
+        assert plan == "strategy joint: 3 trials, baseline first"
+        assert price.startswith("about ") and " GPU-hours (3 trials of about " in price
+        # what the workers cost, counted (docs/cost.md): every trial and validation run
+        cost = shown["cost"]
+        assert cost["worker_starts"] == 3 + cost["validation_runs"] and cost["gpu_s"] > 0
+        assert cost["startup_modelled"] is True and "cost: " in show.output
         exp = runner.invoke(app, ["study", "export", "t", "--format", "json", "--storage", url])
         body = json.loads(exp.output)
         assert body["study"]["name"] == "t" and len(body["trials"]) == 3
+        assert body["cost"] == cost
+        assert all(t["worker_s"] > 0 and t["cost_modelled"] for t in body["trials"])
         t0 = body["trials"][0]
         assert {"params", "state", "failure_class", "objective", "constraints", "levels"} <= set(t0)
         assert "p99_ttft_ms" in t0["levels"][0] and "metrics" not in t0["levels"][0]

@@ -117,7 +117,8 @@ async def run_load(
         gc.collect()
         gc.freeze()
         watcher: asyncio.Future[None] | None = None
-        probe = LoopLagProbe()  # was the client's own loop late? (docs/loadgen.md#5)
+        # was the client's own loop late? (docs/loadgen.md#5-client-limited-levels)
+        probe = LoopLagProbe()
         probing: asyncio.Future[None] | None = None
         try:
             if o.warmup and requests:
