@@ -183,6 +183,18 @@ class AdoptedWorker:
     def note_progress(self) -> None:
         self.worker.note_progress()
 
+    # what the runner counts the worker's cost from (docs/cost.md#1-what-is-counted)
+    @property
+    def static_args(self) -> dict[str, Any]:
+        return self.worker.static_args
+
+    @property
+    def gpus(self) -> str | None:
+        return self.worker.gpus
+
+    def lifetime_s(self) -> float | None:
+        return self.worker.lifetime_s()
+
     async def stop(self) -> None:
         await self.worker.stop()
 
