@@ -152,6 +152,7 @@ async def test_posted_studies_allow_list(
     assert [s["name"] for s in listed["studies"]] == ["posted"]
     one = await (await client.get("/v1/studies/posted", headers=AUTH)).json()
     assert one["name"] == "posted" and one["worker"] == "sim-virtual"
+    assert one["cost"]["worker_starts"] == 0 and one["cost"]["text"] == "cost: nothing counted yet"
 
 
 async def test_deployments_metrics_and_health(
@@ -206,6 +207,8 @@ async def test_a_posted_study_runs_in_a_child_process(tmp_path: Path) -> None:
             one = await (await client.get("/v1/studies/child", headers=AUTH)).json()
         assert [t["state"] for t in one["trials"]] == ["COMPLETE"]
         assert one["best"] is not None  # the baseline, the one trial
+        # what the child's worker cost, counted (docs/cost.md)
+        assert one["cost"]["worker_starts"] == 1 and one["cost"]["gpu_s"] > 0
         assert "1 trial(s) run" in (tmp_path / "logs" / "child.log").read_text(encoding="utf-8")
     finally:
         store.close()

@@ -35,6 +35,7 @@ from autotune.service.policy import PolicyError, ServerWorker, apply_policy
 from autotune.service.tuner_metrics import metrics_text
 from autotune.store import Store
 from autotune.store.db import ENV_VAR
+from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.run.create import create_study, load_study_config
 from autotune.tuning.study_attrs import stored_noise
 
@@ -126,14 +127,16 @@ def _study(store: Store, name: str) -> dict[str, Any] | None:
     if rec is None:
         return None
     trials = store.trials(name, with_levels=False)
+    repeats = store.repeats(name)
     cfg = load_study_config(rec)
-    best = recommend(cfg, trials, store.repeats(name), stored_noise(store, name))
+    best = recommend(cfg, trials, repeats, stored_noise(store, name))
     return {
         "name": name,
         "mode": rec.mode,
         "worker": rec.worker_kind,
         "trials": show_rows(trials, rec.mode),
         "best": best_json(name, best) if best is not None else None,
+        "cost": study_cost(trials, repeats).to_dict(),  # docs/cost.md
     }
 
 

@@ -110,7 +110,7 @@ def openapi_document() -> dict[str, Any]:
         },
         "/v1/studies/{name}": {
             "get": {
-                "summary": "one study: its trials and recommendation",
+                "summary": "one study: its trials, recommendation and device time",
                 "security": auth,
                 "parameters": [_name("the study")],
                 "responses": {"200": _json(_OBJ, "the study"), **_errors(401, 404, 414)},
