@@ -60,6 +60,7 @@ from autotune.tuning.measure.outcome import replay_seconds
 from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
+from autotune.tuning.run.status import plan_estimate
 
 STRATEGIES = ("staged", "joint", "random", "grid")
 BUDGETS = (10, 20, 40)
@@ -89,23 +90,27 @@ def scenario_study(
 ) -> tuple[StudyConfig, list[TrialRecord], list[RepeatRecord], float]:
     """Run one study of a scenario in a throwaway SQLite store: its config, its complete
     trials, its validation runs and its wall seconds (``search_check.py`` runs the same)."""
-    cfg, trials, repeats, wall, _ = costed_study(name, st_cfg, seed)
+    cfg, trials, repeats, wall, _, _ = costed_study(name, st_cfg, seed)
     return cfg, trials, repeats, wall
 
 
 def costed_study(
     name: str, st_cfg: dict[str, Any], seed: int
-) -> tuple[StudyConfig, list[TrialRecord], list[RepeatRecord], float, StudyCost]:
-    """:func:`scenario_study` and what its workers cost (every attempt, docs/cost.md)."""
+) -> tuple[StudyConfig, list[TrialRecord], list[RepeatRecord], float, StudyCost, float | None]:
+    """:func:`scenario_study`, what its workers cost (every attempt, docs/cost.md) and the
+    GPU-seconds `study create` estimated for its plan."""
     cfg, text = scenario_config(name, strategy=st_cfg, seed=seed)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/s.db") as store:
         create_study(cfg, text, store)
+        est = plan_estimate(store, name)
         run_study(name, store)
         every = store.trials(name)
         repeats = store.repeats(name)
     trials = [t for t in every if t.state == "COMPLETE"]
-    return cfg, trials, repeats, time.perf_counter() - t0, study_cost(every, repeats)
+    cost = study_cost(every, repeats)
+    planned = est.search_gpu_s + est.validation_gpu_s if est is not None else None
+    return cfg, trials, repeats, time.perf_counter() - t0, cost, planned
 
 
 def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
@@ -117,7 +122,7 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         # without early stop every level replays to its end: measure the oracle's stops too
         oracle = None if early else stack.enter_context(oracle_replay(scenario_config(name)[0]))
-        cfg, trials, repeats, wall, cost = costed_study(
+        cfg, trials, repeats, wall, cost, planned = costed_study(
             name, strategy_config(strategy, n_trials, early), seed
         )
     recs: dict[int, Any] = {}
@@ -151,6 +156,7 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         # replayed seconds its stored levels add up to (the trials' and validation's; the
         # noise re-runs are not stored levels): the check of the counted figure
         "gpu_s": cost.gpu_s,
+        "planned_gpu_s": planned,
         "validation_gpu_s": cost.validation_gpu_s,
         "counted_replayed_s": cost.replayed_s,
         "startup_s": cost.startup_s,
@@ -184,6 +190,14 @@ def cost_figures(studies: list[dict[str, Any]]) -> dict[str, Any]:
         "stored_level_hours_per_study": med_max([st["replay_s"] / 3600 for st in studies]),
         "startup_hours_per_study": med_max([st["startup_s"] / 3600 for st in studies]),
         "worker_starts_per_study": med_max([float(st["worker_starts"]) for st in studies]),
+        # the plan's estimate (`study create`'s line) against the count, in % of the count
+        "plan_estimate_error_pct": med_max(
+            [
+                100.0 * abs(st["planned_gpu_s"] / st["gpu_s"] - 1.0)
+                for st in studies
+                if st.get("planned_gpu_s") and st["gpu_s"] > 0
+            ]
+        ),
     }
 
 

@@ -15,15 +15,14 @@ from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.create import load_study_config
-from autotune.tuning.run.gpu_budget import estimate
+from autotune.tuning.run.gpu_budget import CostEstimate, estimate
 from autotune.tuning.search.edges import apply_widenings, stored_widenings
 from autotune.tuning.search.plan import model_of
-from autotune.tuning.search.space import SpaceBounds
 from autotune.tuning.search.stages import plan_lines
 from autotune.tuning.search.strategy import planned_total
 from autotune.workload.build import study_workload
 
-__all__ = ["RunningTrial", "StudyStatus", "study_plan", "study_status"]
+__all__ = ["RunningTrial", "StudyStatus", "plan_estimate", "study_plan", "study_status"]
 
 
 @dataclass(frozen=True)
@@ -116,28 +115,38 @@ def study_plan(store: Store, name: str) -> list[str]:
     bounds, screening = header.bounds, header.screening
     widened = stored_widenings(study)  # edges moved out by the passes so far
     bounds = apply_widenings(bounds, widened)
-    trials = study.get_trials(deepcopy=False)
-    lines = plan_lines(trials, cfg.strategy, bounds, screening)
-    return lines + [w.line() for w in widened] + _cost_line(cfg, header, bounds, trials)
+    lines = plan_lines(study.get_trials(deepcopy=False), cfg.strategy, bounds, screening)
+    return lines + [w.line() for w in widened] + _cost_line(store, name, cfg)
 
 
-def _cost_line(
-    cfg: StudyConfig,
-    header: study_attrs.StudyHeader,
-    bounds: SpaceBounds,
-    trials: list[optuna.trial.FrozenTrial],
-) -> list[str]:
-    """The plan's device time (docs/cost.md#3-the-plan-and-the-budget), and the budget if
-    one is set; none when the workload cannot be read any more (its file moved)."""
+def plan_estimate(store: Store, name: str) -> CostEstimate | None:
+    """The device time of study ``name``'s plan as of now (docs/cost.md#3-the-plan-and-the-budget);
+    None when its workload cannot be read any more (its file moved)."""
+    rec = store.get_study(name)
+    assert rec is not None, "check the study exists first"
+    study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
+    cfg = load_study_config(rec)
+    header = study_attrs.read_header(study)
+    bounds = apply_widenings(header.bounds, stored_widenings(study))
     model = model_of(cfg)
     try:
         wl = study_workload(
             cfg, vocab_size=model.vocab_size, expect_fingerprint=header.workload_fingerprint
         )
     except ConfigError:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    return estimate(
+        cfg, model, wl, planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), trials)
+    )
+
+
+def _cost_line(store: Store, name: str, cfg: StudyConfig) -> list[str]:
+    """The plan's device time, and the budget if one is set."""
+    est = plan_estimate(store, name)
+    if est is None:
         return []
-    total = planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), trials)
-    line = estimate(cfg, model, wl, total).text
+    line = est.text
     if cfg.strategy.gpu_hours is not None:
         line += f"; budget {cfg.strategy.gpu_hours:g} GPU-hours (strategy.gpu_hours)"
     return [line]
