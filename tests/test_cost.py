@@ -39,6 +39,7 @@ from autotune.tuning.measure.usage import UsageMeter, sim_startup_s
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.gpu_budget import (
+    CAPACITY_POSITIONS,
     CostEstimate,
     estimate,
     level_seconds,
@@ -239,16 +240,21 @@ def test_a_measured_worker_is_charged_its_lifetime_as_proc_records_it(tmp_path: 
 
 # -- the plan's estimate and the budget ----------------------------------------------------
 def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None:
-    cfg, _ = config(strategy={"min_level_s": 30, "min_level_requests": 200})
+    cfg, _ = config(strategy={"min_level_s": 30, "min_level_requests": 200, "capacity_levels": 24})
     model = get_model(cfg.model.name)
     wl = build_workload(cfg.workload, vocab_size=model.vocab_size)
     plan = LevelPlan.of(cfg)
-    scales = search_scales(plan)
-    # the search from the lattice's ends: the top first, then bisection towards the middle
-    middle = math.sqrt(plan.lattice.low * plan.lattice.high)
-    assert scales[0] == plan.lattice.scale(plan.lattice.top)
-    assert 4 <= len(scales) <= plan.max_levels and len(set(scales)) == len(scales)
-    assert min(scales, key=lambda sc: abs(math.log(sc / middle))) == pytest.approx(middle, rel=0.02)
+    # the search from the lattice's ends: the top first, then bisection towards the capacity
+    lat = plan.lattice
+    for position in CAPACITY_POSITIONS:
+        capacity = lat.low * (lat.high / lat.low) ** position
+        scales = search_scales(plan, position)
+        assert scales[0] == lat.scale(lat.top)
+        assert 4 <= len(scales) <= plan.max_levels and len(set(scales)) == len(scales)
+        held = [sc for sc in scales if sc <= capacity]
+        assert held and max(held) == pytest.approx(capacity, rel=2 * lat.resolution)
+    # a capacity below the middle sends the search to the bottom, the slowest level
+    assert lat.low in search_scales(plan, 0.2) and lat.low not in search_scales(plan, 0.8)
     assert search_scales(LevelPlan.of(config(mode="fixed-rate")[0])) == [1.0]
     # 120 requests at 4 req/s span about 30 s: at 0.25x a level lasts 4 x that, looped to
     # 200 requests (two copies)
@@ -261,37 +267,65 @@ def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None
     closed, _ = config(mode="offline", workload={"arrival": "closed", "concurrency": 8})
     assert level_seconds(build_workload(closed.workload), 1.0, 30, 200) == (30, True)
     est = estimate(cfg, model, wl, trials=24)
-    levels = sum(level_seconds(wl, s, 30, 200)[0] for s in scales)
+    searches = [search_scales(plan, p) for p in CAPACITY_POSITIONS]
+    levels = sum(level_seconds(wl, sc, 30, 200)[0] for one in searches for sc in one)
+    levels /= len(searches)
     assert est.trial_gpu_s == pytest.approx(sim_startup_s(model, {}) + levels)
-    assert est.search_gpu_s == pytest.approx(24 * est.trial_gpu_s)
+    assert est.noise_gpu_s == pytest.approx(2 * level_seconds(wl, 1.0, 30, 200)[0])
+    assert est.search_gpu_s == pytest.approx(24 * est.trial_gpu_s + est.noise_gpu_s)
     v = cfg.strategy.validate_
     reps = (v.top_k + 1) * cfg.validation_repeats
-    assert est.validation_gpu_s == pytest.approx(
-        2 * level_seconds(wl, 1.0, 30, 200)[0] + reps * est.trial_gpu_s
-    )
+    assert est.validation_runs == reps
+    assert est.validation_gpu_s == pytest.approx(reps * est.trial_gpu_s)
     assert est.text.startswith(f"about {est.gpu_hours:.2f} GPU-hours (24 trials of about ")
     assert estimate(closed, model, build_workload(closed.workload), 3).text.startswith("at least")
 
 
 def test_over_budget_counts_what_was_spent_what_runs_and_the_validation_after() -> None:
     cfg, _ = config(strategy={"gpu_hours": 1.0})
-    est = CostEstimate(trials=10, trial_gpu_s=600.0, validation_gpu_s=1200.0, lower_bound=False)
-    # 3600 s: 1200 spent + (1 running + the next) x 600 + 1200 validation = 3600 fits
-    assert not over_budget(cfg, est, 1200.0, running=1)
-    assert over_budget(cfg, est, 1201.0, running=1)
-    assert not over_budget(config()[0], est, 1e9, running=9)  # no budget, no limit
+    est = CostEstimate(10, trial_gpu_s=600.0, noise_gpu_s=60.0, validation_runs=2,
+                       lower_bound=False)  # fmt: skip
+    nothing = study_cost([], [])
+    # before any trial is counted: the plan's prices, the noise re-runs included
+    assert not over_budget(cfg, est, nothing, running=2)  # 3 x 600 + 60 + 1200 = 3060
+    assert over_budget(cfg, est, nothing, running=3)  # 3660
+    # but the baseline, the first trial, always runs
+    tiny, _ = config(strategy={"gpu_hours": 0.001})
+    assert not over_budget(tiny, est, nothing, running=0)
+    assert over_budget(tiny, est, nothing, running=1)
+    # once trials are counted they set the price, the validation runs' too:
+    # 2 trials of 300 s: 600 spent + (running + the next + 2 validation runs) x 300
+    done = [_counted(i, 300.0) for i in range(2)]
+    assert not over_budget(cfg, est, study_cost(done, []), running=7)  # 600 + 10 x 300
+    assert over_budget(cfg, est, study_cost(done, []), running=8)
+    assert not over_budget(config()[0], est, nothing, running=99)  # no budget, no limit
+
+
+def _counted(number: int, gpu_s: float) -> TrialRecord:
+    t = TrialRecord("s", number, "joint", "COMPLETE", {}, {}, None, None, "sim-virtual")
+    for k, v in WorkerUsage(gpu_s, 60.0, gpu_s - 60.0, 1, True).fields().items():
+        setattr(t, k, v)
+    return t
 
 
 @pytest.mark.config_field("strategy.gpu_hours")
 def test_a_budget_ends_the_search_early_and_the_validation_still_runs(tmp_path: Path) -> None:
     base = {"name": "joint", "n_trials": 12, "validate": {"enabled": True, "top_k": 1}}
     base |= {"min_level_s": 0, "min_level_requests": 0}
-    free, _ = config(strategy=base)
-    model = get_model(free.model.name)
-    est = estimate(free, model, build_workload(free.workload, vocab_size=model.vocab_size), 12)
-    # room for the validation phase and about 4 trials
-    hours = (est.validation_gpu_s + 4.5 * est.trial_gpu_s) / 3600
+    # what the study costs without a budget: its trials' mean price and its validation's
+    free, free_text = config(strategy=base)
+    with Store.open(f"sqlite:///{tmp_path / 'free.db'}") as s:
+        create_study(free, free_text, s)
+        run_study(free.name, s)
+        unbudgeted = study_cost(s.trials(free.name), s.repeats(free.name))
+    assert unbudgeted.trials == 12
+    mean = unbudgeted.trials_gpu_s / unbudgeted.trials
+    # room for the validation phase's 10 runs (priced as trials by the budget) and about 9
+    # trials, which the 10-run reserve leaves about half of
+    hours = 19.5 * mean / 3600
     cfg, text = config(strategy=base | {"gpu_hours": hours})
+    model = get_model(cfg.model.name)
+    est = estimate(cfg, model, build_workload(cfg.workload, vocab_size=model.vocab_size), 12)
     with Store.open(f"sqlite:///{tmp_path / 'b.db'}") as s:
         create_study(cfg, text, s)
         (line,) = [ln for ln in study_plan(s, cfg.name) if "GPU-hours" in ln]
@@ -301,6 +335,11 @@ def test_a_budget_ends_the_search_early_and_the_validation_still_runs(tmp_path: 
     assert report.stopped_by == "gpu budget" and 2 <= report.trials_run < 12
     # the validation phase ran on what the search had
     assert report.validation_runs > 0 and all(r.state == "COMPLETE" for r in repeats)
-    # it stopped because one more trial would not have left the validation its room
-    search_spent = study_cost(trials, []).gpu_s
-    assert search_spent + est.trial_gpu_s + est.validation_gpu_s > hours * 3600
+    # it stopped because one more trial, at the mean price of those counted, would not have
+    # left the validation phase its room
+    spent = study_cost(trials, [])
+    price = spent.trials_gpu_s / spent.trials
+    assert est.validation_runs == 10
+    assert spent.gpu_s + (1 + est.validation_runs) * price > hours * 3600
+    # and the whole study, validation included, kept to the budget
+    assert study_cost(trials, repeats).gpu_s <= hours * 3600

@@ -2,24 +2,25 @@
 
 :func:`estimate` prices the plan `study create` prints: each trial is a start-up (the modelled
 start of vLLM, docs/cost.md#2-the-start-up-model) and the levels of one capacity search (the
-search the product runs, played against a capacity in the middle of the lattice) or one level;
+search the product runs, played against capacities spread over the lattice) or one level;
 the validation phase is the noise re-runs and its runs. A level lasts its sample's span at its
 load, looped to the level minimums (docs/tuning.md#13-level-length). A closed loop's length
 depends on the server, so only its minimum is known: the estimate is then a lower bound.
 
 :func:`over_budget` is the check a lane makes before it claims a trial when
 ``strategy.gpu_hours`` is set: what the study's workers have cost so far, the trials running
-now and the next one, and the validation phase after them, must fit. Pure: values in, values out.
+now and the next one, and the validation phase after them, must fit; once trials are counted
+they set the price. Pure: values in, values out.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from autotune.config import StudyConfig
 from autotune.profiles.models import ModelProfile
 from autotune.tuning.measure.capacity import CapacitySearch
+from autotune.tuning.measure.cost import StudyCost
 from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.noise import NOISE_RUNS
 from autotune.tuning.measure.usage import sim_startup_s
@@ -27,23 +28,36 @@ from autotune.workers.devices import devices_held
 from autotune.workload.core import Workload
 from autotune.workload.sustain import copies_needed
 
-__all__ = ["CostEstimate", "estimate", "level_seconds", "over_budget", "search_scales"]
+__all__ = [
+    "CAPACITY_POSITIONS",
+    "CostEstimate",
+    "estimate",
+    "level_seconds",
+    "over_budget",
+    "search_scales",
+]
 
 
 @dataclass(frozen=True)
 class CostEstimate:
     """The planned device time (GPU-seconds): ``trial_gpu_s`` for one trial, ``search_gpu_s``
-    for the planned trials, ``validation_gpu_s`` for the validation phase. ``lower_bound``:
+    for the planned trials and the noise re-runs, ``validation_gpu_s`` for the validation
+    phase. ``lower_bound``:
     some levels' length depends on the server (a closed loop), so only their minimum is in."""
 
     trials: int
     trial_gpu_s: float
-    validation_gpu_s: float
+    noise_gpu_s: float  # the baseline's noise re-runs, once per study
+    validation_runs: int  # each priced as a trial
     lower_bound: bool
 
     @property
+    def validation_gpu_s(self) -> float:
+        return self.validation_runs * self.trial_gpu_s
+
+    @property
     def search_gpu_s(self) -> float:
-        return self.trials * self.trial_gpu_s
+        return self.trials * self.trial_gpu_s + self.noise_gpu_s
 
     @property
     def gpu_hours(self) -> float:
@@ -72,19 +86,25 @@ def level_seconds(wl: Workload, scale: float, min_s: float, min_n: int) -> tuple
     return copies_needed(wl, scale, min_s, min_n) * span / scale, False
 
 
-def search_scales(plan: LevelPlan) -> list[float]:
-    """The loads a capacity search measures when the capacity sits in the middle of the
-    lattice (one level at 1.0x outside slo-capacity)."""
+# Where in the lattice a trial's capacity may lie (fractions of its log range): a search's
+# cost hangs on it (a capacity below the middle sends the search to the bottom, the slowest
+# level), so a trial is priced as the mean over these (docs/cost.md#3-the-plan-and-the-budget)
+CAPACITY_POSITIONS = (0.2, 0.4, 0.6, 0.8)
+
+
+def search_scales(plan: LevelPlan, position: float = 0.5) -> list[float]:
+    """The loads a capacity search measures when the capacity sits at ``position`` (0: the
+    lattice's bottom, 1: its top, in log scale); one level at 1.0x outside slo-capacity."""
     if not plan.capacity:
         return [1.0]
     lattice = plan.lattice
-    middle = math.sqrt(lattice.low * lattice.high)
+    capacity = lattice.low * (lattice.high / lattice.low) ** position
     search = CapacitySearch(lattice, plan.max_levels, None, confirm=plan.confirm_capacity)
     scales = []
     while (k := search.next_index()) is not None:
         s = lattice.scale(k)
         scales.append(s)
-        search.record(k, s <= middle)
+        search.record(k, s <= capacity)
     return scales
 
 
@@ -96,27 +116,39 @@ def estimate(cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int) -
     args = dict(cfg.worker.static_args)
     devices = devices_held(args, cfg.worker.gpus)
     startup = sim_startup_s(model, args)
-    floors = [
-        level_seconds(wl, s, st.min_level_s, st.min_level_requests) for s in search_scales(plan)
+    positions = CAPACITY_POSITIONS if plan.capacity else (0.5,)
+    searches = [
+        [
+            level_seconds(wl, s, st.min_level_s, st.min_level_requests)
+            for s in search_scales(plan, p)
+        ]
+        for p in positions
     ]
-    search_s = sum(s for s, _ in floors)
-    lower = any(low for _, low in floors)
+    search_s = sum(s for levels in searches for s, _ in levels) / len(searches)
+    lower = any(low for levels in searches for _, low in levels)
     trial = devices * (startup + search_s)
+    # the baseline's boundary level twice more, once per study (the server's noise)
+    boundary = level_seconds(wl, 1.0, st.min_level_s, st.min_level_requests)[0]
+    noise = devices * (NOISE_RUNS - 1) * boundary
     v = st.validate_
-    validation = 0.0
-    if v.enabled:
-        boundary = level_seconds(wl, 1.0, st.min_level_s, st.min_level_requests)[0]
-        validation = devices * (NOISE_RUNS - 1) * boundary
-        validation += (v.top_k + 1) * cfg.validation_repeats * trial
-    return CostEstimate(trials, trial, validation, lower)
+    runs = (v.top_k + 1) * cfg.validation_repeats if v.enabled else 0
+    return CostEstimate(trials, trial, noise, runs, lower)
 
 
-def over_budget(cfg: StudyConfig, est: CostEstimate, spent_gpu_s: float, running: int) -> bool:
-    """Whether one more trial would pass ``strategy.gpu_hours``: ``spent_gpu_s`` (what the
-    study's workers cost so far), ``running`` trials in flight and the next one at the
-    estimate's price each, and the validation phase after them. False without a budget."""
+def over_budget(cfg: StudyConfig, est: CostEstimate, spent: StudyCost, running: int) -> bool:
+    """Whether one more trial would pass ``strategy.gpu_hours``: what the study's workers
+    cost so far (``spent``), then ``running`` trials in flight and the next one, and the
+    validation phase after them, a trial's price each run. Once trials are counted, the
+    price is their mean cost (the plan's estimate leaves out early stop and guesses where
+    capacities lie). Validation runs, of the best configs, often cost less than the mean
+    trial: the reserve errs on the safe side. False without a budget, and for the first trial, the
+    baseline (docs/method.md: a baseline before any change)."""
     budget = cfg.strategy.gpu_hours
     if budget is None:
         return False
-    need = spent_gpu_s + (running + 1) * est.trial_gpu_s + est.validation_gpu_s
+    if not spent.trials and not running:
+        return False  # the baseline always runs: no change is judged without it
+    price = spent.trials_gpu_s / spent.trials if spent.trials else est.trial_gpu_s
+    noise = 0.0 if spent.trials else est.noise_gpu_s  # the baseline's, counted with it
+    need = spent.gpu_s + (running + 1 + est.validation_runs) * price + noise
     return need > budget * 3600.0

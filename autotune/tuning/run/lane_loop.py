@@ -75,7 +75,7 @@ async def run_trials(
         spent = study_cost(
             ctx.store.trials(cfg.name, with_levels=False), ctx.store.repeats(cfg.name)
         )
-        return over_budget(cfg, price, spent.gpu_s, budget.reserved - budget.ran - 1)
+        return over_budget(cfg, price, spent, budget.reserved - budget.ran - 1)
 
     halted: list[str] = []  # why the other lanes stopped, once one lane failed
 
