@@ -47,6 +47,7 @@ __all__ = [
     "StudyRow",
     "TrialRow",
     "UTCDateTime",
+    "WorkerCostColumns",
     "WorkerRow",
 ]
 
