@@ -95,10 +95,11 @@ def test_the_meter_charges_a_simulated_worker_its_model_and_a_real_one_its_lifet
     m.begin(devices=2)
     m.replayed(30.0)
     m.replayed(12.5)
-    m.end(modelled_startup_s=60.0)
+    m.started(60.0)  # a simulated worker's modelled start-up
+    m.end()
     assert m.last == WorkerUsage(102.5, 60.0, 42.5, 2, True)
     assert m.last.gpu_s == 205.0
-    m.end(modelled_startup_s=1.0)  # ended once: a second end changes nothing
+    m.end(1.0)  # ended once: a second end changes nothing
     assert m.last.worker_s == 102.5
     m.begin(devices=1)
     assert m.last is None  # a new worker's cost, never the last one's

@@ -12,6 +12,7 @@ cannot store NaN), so both backends answer alike.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,14 +51,9 @@ class WorkerUsage:
         return self.worker_s * self.devices_held
 
     def fields(self) -> dict[str, Any]:
-        """The record fields that store it (``update_trial(**usage.fields())``)."""
-        return {
-            "worker_s": self.worker_s,
-            "worker_startup_s": self.worker_startup_s,
-            "replayed_s": self.replayed_s,
-            "devices_held": self.devices_held,
-            "cost_modelled": self.cost_modelled,
-        }
+        """The record fields that store it (``update_trial(**usage.fields())``): its own
+        fields, which ``_WorkerCostFields`` repeats by name."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(kw_only=True)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 from types import TracebackType
 
-from autotune.workers.procstat import read_stat
+from .processes import children_matching
 
 __all__ = ["ChildLifetimes"]
 
@@ -58,26 +57,10 @@ class ChildLifetimes:
             self._poll()
 
     def _poll(self) -> None:
-        now, me = _boot_s(), os.getpid()
-        seen: set[int] = set()
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            stat = read_stat(pid)
-            if stat is None or stat.ppid != me:
-                continue
-            if pid not in self._start:
-                try:
-                    cmd = Path(f"/proc/{name}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if self.match not in cmd:
-                    continue
-                self._start[pid] = stat.start_ticks * _TICK_S
-            seen.add(pid)
-            if stat.dead and pid not in self._gone:
-                self._gone[pid] = now
-        for pid in self._start:
+        now = _boot_s()
+        seen = {s.pid: s for s in children_matching(lambda cmd: self.match in cmd)}
+        for pid, stat in seen.items():
+            self._start.setdefault(pid, stat.start_ticks * _TICK_S)
+        for pid in self._start:  # exited since the last poll (a zombie no longer matches)
             if pid not in seen and pid not in self._gone:
                 self._gone[pid] = now

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
-from autotune.workers.procstat import read_stat
+from autotune.workers.procstat import ProcStat, read_stat
 
-__all__ = ["children_serving", "free_port", "group_gone", "pid_gone"]
+__all__ = ["children_matching", "children_serving", "free_port", "group_gone", "pid_gone"]
 
 
 def free_port() -> int:
@@ -36,17 +37,27 @@ def pid_gone(pid: int) -> bool:
     return False
 
 
-def children_serving() -> list[int]:
-    """Pids of this process's children that run ``autotune sim serve``."""
+def children_matching(match: Callable[[bytes], bool]) -> list[ProcStat]:
+    """This process's living children whose command line passes ``match``, as ``/proc``
+    reads them (a zombie's command line is empty: it never matches)."""
     me, out = os.getpid(), []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         stat = read_stat(int(name))
+        if stat is None or stat.ppid != me:
+            continue
         try:
             cmd = Path(f"/proc/{name}/cmdline").read_bytes()
         except OSError:
             continue
-        if stat is not None and stat.ppid == me and b"serve" in cmd and b"autotune.cli" in cmd:
-            out.append(int(name))
+        if match(cmd):
+            out.append(stat)
     return out
+
+
+def children_serving() -> list[int]:
+    """Pids of this process's children that run ``autotune sim serve``."""
+    return [
+        s.pid for s in children_matching(lambda cmd: b"serve" in cmd and b"autotune.cli" in cmd)
+    ]

@@ -31,11 +31,14 @@ class StudyCost:
     validation_gpu_s: float
     replayed_s: float
     startup_s: float
-    worker_starts: int
     trials: int
     validation_runs: int
     modelled: bool
     uncounted: int
+
+    @property
+    def worker_starts(self) -> int:
+        return self.trials + self.validation_runs
 
     @property
     def gpu_s(self) -> float:
@@ -89,33 +92,29 @@ def _h(seconds: float) -> str:
 
 def study_cost(trials: Iterable[TrialRecord], repeats: Iterable[RepeatRecord] = ()) -> StudyCost:
     """The cost of ``trials`` (every attempt, as stored) and the validation runs ``repeats``."""
-    t_usage, t_uncounted, n_trials = _usages(trials)
-    v_usage, v_uncounted, n_runs = _usages(repeats)
+    t_usage, t_uncounted = _usages(trials)
+    v_usage, v_uncounted = _usages(repeats)
     every = t_usage + v_usage
     return StudyCost(
         trials_gpu_s=sum(u.gpu_s for u in t_usage),
         validation_gpu_s=sum(u.gpu_s for u in v_usage),
         replayed_s=sum(u.replayed_s for u in every),
         startup_s=sum(u.worker_startup_s for u in every),
-        worker_starts=len(every),
-        trials=n_trials,
-        validation_runs=n_runs,
+        trials=len(t_usage),
+        validation_runs=len(v_usage),
         modelled=any(u.cost_modelled for u in every),
         uncounted=t_uncounted + v_uncounted,
     )
 
 
-def _usages(
-    records: Iterable[TrialRecord | RepeatRecord],
-) -> tuple[list[WorkerUsage], int, int]:
-    """(the costs, records that ran but have none, records with a worker started)."""
+def _usages(records: Iterable[TrialRecord | RepeatRecord]) -> tuple[list[WorkerUsage], int]:
+    """(the costs of the records with a worker, records that ran but have none)."""
     usages: list[WorkerUsage] = []
-    uncounted = started = 0
+    uncounted = 0
     for r in records:
         u = r.usage
         if u is not None:
             usages.append(u)
-            started += 1
         elif r.state != "PENDING" and r.started_at is not None:
             uncounted += 1
-    return usages, uncounted, started
+    return usages, uncounted

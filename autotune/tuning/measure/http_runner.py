@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ServiceError, WorkerStartupError
-from autotune.failures import FailureClass, FailureMatch
+from autotune.failures import FailureMatch
 from autotune.loadgen.client import make_session
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.load_options import LoadOptions
@@ -70,7 +70,6 @@ class HttpRunner:
         # start-up and its load in engine seconds; None (real vLLM): its measured lifetime
         self.startup_model = startup_model
         self.meter = UsageMeter()
-        self._failure: FailureClass | None = None
         self.early_stop = early_stop  # None: every level replays to its end
         self.warmup = warmup  # requests sent before each level's measured replay
         self.endpoint, self.vocab = endpoint, vocab_size
@@ -94,14 +93,18 @@ class HttpRunner:
 
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
         self.engine_args = dict(engine_args)
-        self.meter.begin(devices_held({**self.worker.static_args, **engine_args}, self.worker.gpus))
-        self._failure = None
+        every = {**self.worker.static_args, **engine_args}
+        self.meter.begin(devices_held(every, self.worker.gpus))
+        if self.startup_model is not None:  # a simulated worker: its modelled start on the GPU
+            self.meter.started(self.startup_model(every, None))
         try:
             info = await self.worker.start(engine_args, trial_name)
         except WorkerStartupError as exc:
-            self._failure = exc.failure_class
+            if self.startup_model is not None:  # as far as the failed start got
+                self.meter.started(self.startup_model(every, exc.failure_class))
             raise
-        self.meter.started(info.startup_s)
+        if self.startup_model is None:
+            self.meter.started(info.startup_s)
         self.base_url, self.trial_name = info.base_url, trial_name
         if self.prom is not None and self.sd_file is not None:
             # Prometheus discovers each trial's fresh port through this file (file_sd).
@@ -234,11 +237,8 @@ class HttpRunner:
             publish_sd_target(self.sd_file, self._sd_owner, None)  # Prometheus stops scraping
         self.base_url = None
         if self.meter.open:
-            if self.startup_model is not None:
-                every = {**self.worker.static_args, **self.engine_args}
-                self.meter.end(modelled_startup_s=self.startup_model(every, self._failure))
-            else:
-                self.meter.end(lifetime_s=self.worker.lifetime_s() or 0.0)
+            modelled = self.startup_model is not None
+            self.meter.end(None if modelled else self.worker.lifetime_s() or 0.0)
 
     def usage(self) -> WorkerUsage | None:
         return self.meter.last

@@ -56,22 +56,24 @@ class UsageMeter:
         self._startup_s, self._replayed_s = None, 0.0
 
     def started(self, startup_s: float) -> None:
+        """The worker's start-up: what it reported (a real worker), or its modelled start
+        on the GPU, as far as a failed start got (a simulated one)."""
         self._startup_s = startup_s
 
     def replayed(self, seconds: float) -> None:
         self._replayed_s += max(0.0, seconds)
 
-    def end(self, *, lifetime_s: float | None = None, modelled_startup_s: float = 0.0) -> None:
+    def end(self, lifetime_s: float | None = None) -> None:
         """The worker has exited. ``lifetime_s``: its measured launch-to-exit seconds (a real
         worker; its start-up is what it reported, or all of its life when it never
-        served); None: a simulated worker, charged ``modelled_startup_s`` plus its load."""
+        served); None: a simulated worker, charged its start-up plus its load."""
         if not self._open:
             return
         self._open = False
         if lifetime_s is None:
-            life = modelled_startup_s + self._replayed_s
+            startup = self._startup_s or 0.0
             self._last = WorkerUsage(
-                life, modelled_startup_s, self._replayed_s, self._devices, cost_modelled=True
+                startup + self._replayed_s, startup, self._replayed_s, self._devices, True
             )
             return
         startup = self._startup_s if self._startup_s is not None else lifetime_s

@@ -53,7 +53,6 @@ class VirtualRunner:
         self.args: EngineArgs | None = None
         self.draw = 0  # the jitter stream (0: the study's own); see redraw()
         self.meter = UsageMeter()  # what each worker costs (docs/cost.md)
-        self._startup_s = 0.0
 
     def redraw(self, k: int) -> None:
         """Draw jitter stream ``k`` for the next levels, until stop(): a repeat of a level
@@ -64,15 +63,14 @@ class VirtualRunner:
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
         every = {**self.static, **engine_args}
         self.meter.begin(devices_held(every))
-        self._startup_s = 0.0
         args = sim_engine_args(engine_args, self.static)
         try:
             mem = plan_memory(self.model, self.hardware, args.resolve(self.model, self.hardware))
         except SimStartupError as exc:  # charged up to where vLLM would have failed
-            self.meter.end(modelled_startup_s=sim_startup_s(self.model, every, exc.failure_class))
+            self.meter.started(sim_startup_s(self.model, every, exc.failure_class))
+            self.meter.end()
             raise
-        self._startup_s = sim_startup_s(self.model, every)
-        self.meter.started(self._startup_s)
+        self.meter.started(sim_startup_s(self.model, every))
         self.args = args
         argv = vllm_argv(
             ["vllm"],
@@ -113,7 +111,7 @@ class VirtualRunner:
         return None
 
     async def stop(self) -> None:
-        self.meter.end(modelled_startup_s=self._startup_s)
+        self.meter.end()
         self.args, self.draw = None, 0
 
     def usage(self) -> WorkerUsage | None:

@@ -16,8 +16,9 @@ from autotune.store.fleet import ControllerEntry
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.create import load_study_config
 from autotune.tuning.run.gpu_budget import CostEstimate, estimate
-from autotune.tuning.search.edges import apply_widenings, stored_widenings
+from autotune.tuning.search.edges import Widening, apply_widenings, stored_widenings
 from autotune.tuning.search.plan import model_of
+from autotune.tuning.search.space import SpaceBounds
 from autotune.tuning.search.stages import plan_lines
 from autotune.tuning.search.strategy import planned_total
 from autotune.workload.build import study_workload
@@ -104,49 +105,62 @@ def study_status(store: Store, name: str) -> StudyStatus:
     )
 
 
-def study_plan(store: Store, name: str) -> list[str]:
-    """The study's plan as of now (docs/tuning.md#8-the-staged-plan): the candidates dropped
-    before any launch, and each stage's budget with the reason the baseline gave for it."""
+@dataclass(frozen=True)
+class _Plan:
+    """What a study's plan is read from, loaded once."""
+
+    cfg: StudyConfig
+    header: study_attrs.StudyHeader
+    bounds: SpaceBounds  # with the passes' widenings
+    widened: list[Widening]
+    trials: list[optuna.trial.FrozenTrial]
+
+
+def _load_plan(store: Store, name: str) -> _Plan:
     rec = store.get_study(name)
     assert rec is not None, "check the study exists first"
     study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
-    cfg = load_study_config(rec)
     header = study_attrs.read_header(study)
-    bounds, screening = header.bounds, header.screening
     widened = stored_widenings(study)  # edges moved out by the passes so far
-    bounds = apply_widenings(bounds, widened)
-    lines = plan_lines(study.get_trials(deepcopy=False), cfg.strategy, bounds, screening)
-    return lines + [w.line() for w in widened] + _cost_line(store, name, cfg)
+    bounds = apply_widenings(header.bounds, widened)
+    trials = study.get_trials(deepcopy=False)
+    return _Plan(load_study_config(rec), header, bounds, widened, trials)
+
+
+def study_plan(store: Store, name: str) -> list[str]:
+    """The study's plan as of now (docs/tuning.md#8-the-staged-plan): the candidates dropped
+    before any launch, each stage's budget with the reason the baseline gave for it, and its
+    device time (docs/cost.md#3-the-plan-and-the-budget)."""
+    p = _load_plan(store, name)
+    lines = plan_lines(p.trials, p.cfg.strategy, p.bounds, p.header.screening)
+    return lines + [w.line() for w in p.widened] + _cost_line(p)
 
 
 def plan_estimate(store: Store, name: str) -> CostEstimate | None:
     """The device time of study ``name``'s plan as of now (docs/cost.md#3-the-plan-and-the-budget);
     None when its workload cannot be read any more (its file moved)."""
-    rec = store.get_study(name)
-    assert rec is not None, "check the study exists first"
-    study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
-    cfg = load_study_config(rec)
-    header = study_attrs.read_header(study)
-    bounds = apply_widenings(header.bounds, stored_widenings(study))
+    return _estimate(_load_plan(store, name))
+
+
+def _estimate(p: _Plan) -> CostEstimate | None:
+    cfg = p.cfg
     model = model_of(cfg)
     try:
         wl = study_workload(
-            cfg, vocab_size=model.vocab_size, expect_fingerprint=header.workload_fingerprint
+            cfg, vocab_size=model.vocab_size, expect_fingerprint=p.header.workload_fingerprint
         )
     except ConfigError:
         return None
-    trials = study.get_trials(deepcopy=False)
-    return estimate(
-        cfg, model, wl, planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), trials)
-    )
+    planned = planned_total(cfg.strategy, p.bounds, 1 + len(cfg.enqueue), p.trials)
+    return estimate(cfg, model, wl, planned)
 
 
-def _cost_line(store: Store, name: str, cfg: StudyConfig) -> list[str]:
+def _cost_line(p: _Plan) -> list[str]:
     """The plan's device time, and the budget if one is set."""
-    est = plan_estimate(store, name)
+    est = _estimate(p)
     if est is None:
         return []
     line = est.text
-    if cfg.strategy.gpu_hours is not None:
-        line += f"; budget {cfg.strategy.gpu_hours:g} GPU-hours (strategy.gpu_hours)"
+    if p.cfg.strategy.gpu_hours is not None:
+        line += f"; budget {p.cfg.strategy.gpu_hours:g} GPU-hours (strategy.gpu_hours)"
     return [line]
