@@ -156,7 +156,10 @@ def test_a_silent_remote_controllers_trial_is_failed_after_the_grace_period_and_
     assert trials[2].system_attrs["fixed_params"] == trials[1].params
     assert run_study("t", store, n_trials=0).recovered == []  # retried once, not again
     assert run_study("t", store).stopped_by == "plan complete"
-    assert [r.state for r in store.trials("t")] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+    states = [r.state for r in store.trials("t")]
+    # the last two measured, in full or settled (docs/tuning.md#14-settling-losing-trials)
+    assert states[:2] == ["COMPLETE", "FAIL"] and len(states) == 4
+    assert all(s in ("COMPLETE", "PRUNED") for s in states[2:])
 
 
 @pytest.mark.config_field("controller.heartbeat_interval_s")

@@ -40,6 +40,7 @@ from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.gpu_budget import (
     CAPACITY_POSITIONS,
+    SETTLE_LEVELS,
     CostEstimate,
     estimate,
     level_seconds,
@@ -271,13 +272,23 @@ def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None
     searches = [search_scales(plan, p) for p in CAPACITY_POSITIONS]
     levels = sum(level_seconds(wl, sc, 30, 200)[0] for one in searches for sc in one)
     levels /= len(searches)
-    assert est.trial_gpu_s == pytest.approx(sim_startup_s(model, {}) + levels)
+    startup = sim_startup_s(model, {})
+    assert est.full == pytest.approx(startup + levels)  # the baseline: a full search
+    # a later trial is settled: SETTLE_LEVELS levels at the capacity positions
+    lat = plan.lattice
+    at = [level_seconds(wl, lat.low * (lat.high / lat.low) ** p, 30, 200)[0]
+          for p in CAPACITY_POSITIONS]  # fmt: skip
+    assert est.trial_gpu_s == pytest.approx(startup + SETTLE_LEVELS * sum(at) / len(at))
+    assert est.trial_gpu_s < est.full
     assert est.noise_gpu_s == pytest.approx(2 * level_seconds(wl, 1.0, 30, 200)[0])
-    assert est.search_gpu_s == pytest.approx(24 * est.trial_gpu_s + est.noise_gpu_s)
+    assert est.search_gpu_s == pytest.approx(est.full + 23 * est.trial_gpu_s + est.noise_gpu_s)
     v = cfg.strategy.validate_
     reps = (v.top_k + 1) * cfg.validation_repeats
     assert est.validation_runs == reps
-    assert est.validation_gpu_s == pytest.approx(reps * est.trial_gpu_s)
+    assert est.validation_gpu_s == pytest.approx(reps * est.full)  # full searches
+    unsettled, _ = config(strategy={**cfg.strategy.model_dump(by_alias=True), "settle": False})
+    plain = estimate(unsettled, model, wl, trials=24)
+    assert plain.trial_gpu_s == pytest.approx(est.full)
     assert est.text.startswith(f"about {est.gpu_hours:.2f} GPU-hours (24 trials of about ")
     assert estimate(closed, model, build_workload(closed.workload), 3).text.startswith("at least")
 
@@ -294,11 +305,16 @@ def test_over_budget_counts_what_was_spent_what_runs_and_the_validation_after() 
     tiny, _ = config(strategy={"gpu_hours": 0.001})
     assert not over_budget(tiny, est, nothing, running=0)
     assert over_budget(tiny, est, nothing, running=1)
-    # once trials are counted they set the price, the validation runs' too:
-    # 2 trials of 300 s: 600 spent + (running + the next + 2 validation runs) x 300
+    # once trials are counted they set the price; validation runs are full searches, at
+    # the plan's price until a baseline is counted: 2 trials of 300 s: 600 spent +
+    # (running + the next) x 300 + 2 validation runs x 600
     done = [_counted(i, 300.0) for i in range(2)]
-    assert not over_budget(cfg, est, study_cost(done, []), running=7)  # 600 + 10 x 300
-    assert over_budget(cfg, est, study_cost(done, []), running=8)
+    assert not over_budget(cfg, est, study_cost(done, []), running=5)  # 600 + 1800 + 1200
+    assert over_budget(cfg, est, study_cost(done, []), running=6)
+    # counted trials dearer than the plan's full search price the validation runs too
+    # a counted baseline prices them: 600 + 300 + 2 x 1000 = 2900, 2 x 1400: 3700
+    assert not over_budget(cfg, est, study_cost(done, []), running=0, full_gpu_s=1000.0)
+    assert over_budget(cfg, est, study_cost(done, []), running=0, full_gpu_s=1400.0)
     assert not over_budget(config()[0], est, nothing, running=99)  # no budget, no limit
 
 
@@ -312,7 +328,8 @@ def _counted(number: int, gpu_s: float) -> TrialRecord:
 @pytest.mark.config_field("strategy.gpu_hours")
 def test_a_budget_ends_the_search_early_and_the_validation_still_runs(tmp_path: Path) -> None:
     base = {"name": "joint", "n_trials": 12, "validate": {"enabled": True, "top_k": 1}}
-    base |= {"min_level_s": 0, "min_level_requests": 0}
+    # every trial a full search, so that a trial and a validation run cost alike
+    base |= {"min_level_s": 0, "min_level_requests": 0, "settle": False}
     # what the study costs without a budget: its trials' mean price and its validation's
     free, free_text = config(strategy=base)
     with Store.open(f"sqlite:///{tmp_path / 'free.db'}") as s:
@@ -321,7 +338,7 @@ def test_a_budget_ends_the_search_early_and_the_validation_still_runs(tmp_path: 
         unbudgeted = study_cost(s.trials(free.name), s.repeats(free.name))
     assert unbudgeted.trials == 12
     mean = unbudgeted.trials_gpu_s / unbudgeted.trials
-    # room for the validation phase's 10 runs (priced as trials by the budget) and about 9
+    # room for the validation phase's 10 runs (priced as the baseline's search) and about 9
     # trials, which the 10-run reserve leaves about half of
     hours = 19.5 * mean / 3600
     cfg, text = config(strategy=base | {"gpu_hours": hours})
@@ -341,6 +358,7 @@ def test_a_budget_ends_the_search_early_and_the_validation_still_runs(tmp_path: 
     spent = study_cost(trials, [])
     price = spent.trials_gpu_s / spent.trials
     assert est.validation_runs == 10
-    assert spent.gpu_s + (1 + est.validation_runs) * price > hours * 3600
+    (base,) = [t.usage.gpu_s for t in trials if t.stage == "baseline" and t.usage]
+    assert spent.gpu_s + price + est.validation_runs * base > hours * 3600
     # and the whole study, validation included, kept to the budget
     assert study_cost(trials, repeats).gpu_s <= hours * 3600

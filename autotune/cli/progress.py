@@ -7,7 +7,7 @@ import sys
 from rich.markup import escape
 
 from autotune.cli._app import console
-from autotune.report.bounds import capacity_of
+from autotune.report.bounds import SETTLED, capacity_of, trial_capacity
 from autotune.report.levels import progress_figures, progress_note
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 from autotune.tuning.run.events import (
@@ -110,7 +110,10 @@ def progress_printer() -> OnEvent:
                 )
             case TrialDone():
                 rec = e.record
-                if e.feasible:
+                settled = trial_capacity(rec, None, e.mode)
+                if settled is not None and settled.status == SETTLED:
+                    out.print(f"  -> {tag}settled: capacity {escape(settled.text())}")
+                elif e.feasible:
                     cap = capacity_of(e.capacity_scale, capacity_rps(rec), e.capacity_status)
                     if e.capacity_scale is None:
                         at = ""

@@ -290,6 +290,8 @@ class StrategyConfig(ConfigModel):
     # slo-capacity: end a level as soon as its verdict is certain
     # (docs/tuning.md#10-early-stop-inside-a-level)
     early_stop: bool = True
+    # a trial failing the best capacity so far is settled (docs/tuning.md#14-settling-losing-trials)
+    settle: bool = True
     # every level lasts at least min_level_s engine seconds at its load and holds at least
     # min_level_requests requests, the sample looped when it is shorter; 0 turns a minimum off
     # (docs/tuning.md#13-level-length). Capped at a day and a million requests: the looped

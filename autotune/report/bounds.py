@@ -4,11 +4,12 @@ lattice in docs/tuning.md#1-the-capacity-lattice).
 A capacity search that ended at the top of the lattice measured only that the config holds
 its SLOs there: its capacity is *at least* the top load ("≥ 16.00 req/s (top of the range)").
 One that failed even at the bottom has a capacity *below* the lowest load tried
-("< 1.00 req/s (the lowest load tried)"). A gain computed from such a capacity is a bound
-too. This module owns that wording: every reader (``study show``, ``study best``, the
-progress lines, the reports, the exports, optuna-dashboard's notes) prints capacities
-through it, and when the best config sits at the top it names the setting that widens the
-range (``strategy.capacity_high``).
+("< 1.00 req/s (the lowest load tried)"), and a settled one below the best capacity so far
+("< 8.49 req/s (settled against trial 20)", docs/tuning.md#14-settling-losing-trials). A
+gain computed from such a capacity is a bound too. This module owns that wording: every
+reader (``study show``, ``study best``, the progress lines, the reports, the exports,
+optuna-dashboard's notes) prints capacities through it, and when the best config sits at
+the top it names the setting that widens the range (``strategy.capacity_high``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from autotune.tuning.measure.findings import capacity_rps, capacity_spread
 __all__ = [
     "AT_TOP",
     "BELOW_LOW",
+    "SETTLED",
     "Capacity",
     "capacity_cell",
     "capacity_of",
@@ -36,6 +38,7 @@ __all__ = [
 # status ("found", "stopped", "budget", None) is shown as the measured figure
 AT_TOP = "at_top"
 BELOW_LOW = "below_low"
+SETTLED = "settled"
 Bound = Literal["≥", "<", ""]
 
 _TOP_WHY = "top of the range"
@@ -53,16 +56,21 @@ class Capacity:
     # how sure it is: runs held at it and the next point up, the uncertain band (None: no
     # lattice to read it on; docs/tuning.md#1-the-capacity-lattice, "Noise")
     spread: Spread | None = None
+    against: int | None = None  # settled: the trial whose capacity it failed to hold
 
     @property
     def bound(self) -> Bound:
-        return "≥" if self.status == AT_TOP else "<" if self.status == BELOW_LOW else ""
+        return "≥" if self.status == AT_TOP else "<" if self.status in (BELOW_LOW, SETTLED) else ""
 
     @property
     def exact(self) -> bool:
         return not self.bound
 
     def _why(self) -> str:
+        if self.status == SETTLED:
+            return "settled" + (
+                f" against trial {self.against}" if self.against is not None else ""
+            )
         return _TOP_WHY if self.status == AT_TOP else _LOW_WHY
 
     def rps_text(self) -> str:
@@ -121,6 +129,7 @@ class Capacity:
             "rps": self.rps,
             "status": self.status,
             "bound": self.bound,
+            "settled_against": self.against,
             "spread": None
             if sp is None
             else {
@@ -159,7 +168,12 @@ def trial_capacity(t: TrialRecord, lattice: Lattice | None, mode: str) -> Capaci
     """A stored trial's capacity as shown (None outside slo-capacity mode or unmeasured).
     With the study's ``lattice`` the status is the search's own: the top point, or nothing
     feasible down to the bottom point. Without it (a caller that has no config) a feasible
-    trial with no measured load above its capacity is at least that load."""
+    trial with no measured load above its capacity is at least that load. A settled trial's
+    is below the load it failed to hold."""
+    if mode == "slo-capacity" and t.state == "PRUNED" and t.settled_below is not None:
+        at = [lv for lv in t.levels if abs(lv.scale - t.settled_below) <= 1e-6 * t.settled_below]
+        rps = at[0].offered_rate if at else None
+        return Capacity(t.settled_below, rps, SETTLED, against=t.settled_against)
     if mode != "slo-capacity" or t.state != "COMPLETE":
         return None
     if t.feasible and t.capacity_scale is not None:

@@ -41,7 +41,13 @@ __all__ = [
 SHOW_SCHEMA = "autotune.study-show/1"
 LIST_SCHEMA = "autotune.study-list/1"
 
-_STATES = {"COMPLETE": "done", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
+_STATES = {
+    "COMPLETE": "done",
+    "PRUNED": "settled",  # docs/tuning.md#14-settling-losing-trials
+    "FAIL": "failed",
+    "RUNNING": "running",
+    "WAITING": "waiting",
+}
 # Stage names are engine arg names; the narrow table says them shorter (the legend explains)
 _SHORT_STAGE = {
     "max_model_len": "model_len",
@@ -284,7 +290,8 @@ def show_table(
         "batch = max_num_batched_tokens; tok/s = output tok/s at capacity; req/s = capacity; "
         "TTFT/TPOT = p99 ms"
         + (
-            "; ≥ = at least (the top of the range), < = below the lowest load tried"
+            "; ≥ = at least (the top of the range), < = below the lowest load tried or, "
+            "settled, below the best capacity so far"
             if any(c["capacity_rps"][:1] in ("≥", "<") for c in cells)
             else ""
         )

@@ -139,7 +139,9 @@ class LevelRecord:
 class TrialRecord(_WorkerCostFields):
     """One Optuna trial: the engine config tried, how the worker fared, and its levels.
 
-    ``state`` is ``"RUNNING"``, ``"COMPLETE"`` or ``"FAIL"``; ``params`` is what the sampler
+    ``state`` is ``"RUNNING"``, ``"COMPLETE"``, ``"PRUNED"`` (settled: it could not hold the
+    best capacity so far, ``settled_below``, found by trial ``settled_against``;
+    docs/tuning.md#14-settling-losing-trials) or ``"FAIL"``; ``params`` is what the sampler
     suggested and ``engine_args`` what was actually passed to vLLM (the two differ when
     extras are added or values are derived).
     """
@@ -168,6 +170,9 @@ class TrialRecord(_WorkerCostFields):
     finished_at: datetime | None = None
     # the devices its worker saw (CUDA_VISIBLE_DEVICES, e.g. "0,1"); None when not set
     devices: str | None = None
+    # settled: the load scale it failed to hold, and the trial whose capacity that was
+    settled_below: float | None = None
+    settled_against: int | None = None
     id: int | None = None
 
     def headline_level(self) -> LevelRecord | None:

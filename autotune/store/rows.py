@@ -199,6 +199,9 @@ class TrialRow(WorkerCostColumns, Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # revision 0005: the CUDA_VISIBLE_DEVICES the trial's worker got (None: not set)
     devices: Mapped[str | None] = mapped_column(String(512))
+    # revision 0008: a settled trial's bound and the trial it was settled against
+    settled_below: Mapped[float | None] = mapped_column(FiniteFloat)
+    settled_against: Mapped[int | None] = mapped_column(Integer)
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
     levels: Mapped[list[LevelRow]] = relationship(

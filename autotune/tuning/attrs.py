@@ -236,6 +236,10 @@ class TrialSummary:
     capacity_band_low: float | None = None
     capacity_band_high: float | None = None
     capacity_monotone: bool | None = None
+    # settled (docs/tuning.md#14-settling-losing-trials): the load scale it failed to hold,
+    # and the trial whose capacity that was
+    settled_below: float | None = None
+    settled_against: int | None = None
     p99_ttft_ms: float | None = None
     p99_tpot_ms: float | None = None
     kv_cache_tokens: int | None = None

@@ -24,6 +24,9 @@ slo:
   p99_ttft_ms: 3000
   p99_tpot_ms: 45
 strategy:
+  # every trial measured in full: the warm start projects the day's top configs, and a
+  # settled trial has no figure to rank (docs/tuning.md#14-settling-losing-trials)
+  settle: false
   capacity_low: 0.25
   capacity_high: 8
   capacity_resolution: 0.1

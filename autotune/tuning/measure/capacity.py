@@ -15,6 +15,12 @@ point and bisects it on the lattice until they are neighbours.
   measured ends, so when feasibility is monotone in load both searches end on the same
   lattice point. Under noise they need not: a hint at a high load keeps lucky feasible points
   there, which is why studies search without one.
+- Settling (docs/tuning.md#14-settling-losing-trials): with a ``settle`` point (the best
+  capacity so far) it measures that point first. A configuration that fails there cannot
+  become the recommendation: the search ends ``settled``, its capacity only bounded (below
+  that point). A failure by less than the server's noise (``near``) is measured again and
+  the majority of up to 3 runs decides. A configuration that holds goes on as the search
+  from a hint does, upwards only.
 - Re-measurement (docs/tuning.md#1-the-capacity-lattice, "Noise"): once the runs contradict
   monotone feasibility (a run that held at or above a point where a run failed), or always
   when ``confirm`` is set, the closed bracket's two points (the capacity point and the next
@@ -53,7 +59,8 @@ __all__ = [
 # below_low: even the bottom of the lattice is infeasible
 # stopped: the caller stopped early (over-length: no load can help; a dead worker)
 # budget: max_levels ran out first
-Status = Literal["found", "at_top", "below_low", "stopped", "budget"]
+# settled: it failed the settle point (the best capacity so far): capacity below it
+Status = Literal["found", "at_top", "below_low", "stopped", "budget", "settled"]
 
 # Runs of one point at most: with 3 a majority always exists, and 2 agreeing runs already
 # are one (docs/tuning.md#1-the-capacity-lattice, "Noise").
@@ -168,6 +175,8 @@ class CapacityResult:
     converged: bool  # the answer is a measured edge (or the top of the lattice)
     levels: int  # levels measured (runs, re-measurements included)
     spread: Spread | None = None  # how sure the capacity is
+    # settled: the load scale it failed to hold (its capacity lies below it)
+    below: float | None = None
 
     @property
     def monotone(self) -> bool:
@@ -182,6 +191,8 @@ class CapacitySearch:
     hint: float | None = None
     # re-measure the boundary points even when the runs never contradicted each other
     confirm: bool = False
+    # the settle point's lattice index (the best capacity so far), measured first
+    settle: int | None = None
     runs: dict[int, list[bool]] = field(default_factory=dict)  # every run, by lattice point
     _ok: int | None = None  # bracket: measured feasible (first runs, until a contradiction)
     _bad: int | None = None  # bracket: measured infeasible
@@ -192,6 +203,10 @@ class CapacitySearch:
     def __post_init__(self) -> None:
         if self.max_levels < 2:
             raise ValueError("max_levels must be >= 2")
+        if self.settle is not None:
+            self.settle = min(max(self.settle, 0), self.lattice.top)
+            self.hint = self.lattice.scale(self.settle)
+        self._near = False  # the settle point's first run failed by less than the noise
 
     @property
     def measured(self) -> dict[int, bool]:
@@ -206,9 +221,12 @@ class CapacitySearch:
     def _reruns(self) -> int:
         return sum(len(rs) - 1 for rs in self.runs.values())
 
-    def record(self, k: int, feasible: bool) -> None:
+    def record(self, k: int, feasible: bool, *, near: bool = False) -> None:
         """The outcome of measuring lattice point ``k`` (as asked by :meth:`next_index`);
-        a point measured again adds a run."""
+        a point measured again adds a run. ``near``: a failure by less than the server's
+        noise (only the settle point's first run uses it: it is measured again)."""
+        if k == self.settle and k not in self.runs:
+            self._near = near and not feasible
         if not self._noisy and self._contradicts(k, feasible):
             self._noisy = True
         self.runs.setdefault(k, []).append(feasible)
@@ -262,11 +280,36 @@ class CapacitySearch:
             return True  # infeasible at the bottom
         return ok is not None and bad is not None and bad - ok <= 1
 
+    def _settling(self) -> Literal["measure", "settled", "open"] | None:
+        """Where the settle point stands: to be measured (again), failed (the search is
+        settled), or held (the search goes on upwards). None: no settle point."""
+        if self.settle is None:
+            return None
+        rs = self.runs.get(self.settle, [])
+        if not rs:
+            return "measure"
+        if rs[0] and len(rs) == 1:
+            return "open"
+        if not self._near:
+            return "settled" if not rs[0] else "open"
+        held = sum(rs)
+        if held >= 2 or (len(rs) >= MAX_RUNS and 2 * held > len(rs)):
+            return "open"
+        if len(rs) - held >= 2 or len(rs) >= MAX_RUNS:
+            return "settled"
+        return "measure"
+
     def next_index(self) -> int | None:
         """The next lattice point to measure (possibly one measured before), or None when
         the search is over."""
         if self._stopped or self.levels >= self.max_levels:
             return None
+        settling = self._settling()
+        if settling == "settled":
+            return None
+        if settling == "measure":
+            assert self.settle is not None
+            return self.settle
         if self._closed():
             return self._remeasure()
         top = self.lattice.top
@@ -314,6 +357,12 @@ class CapacitySearch:
     def result(self) -> CapacityResult:
         n = self.levels
         lat = self.lattice
+        if self._settling() == "settled":
+            assert self.settle is not None
+            below = lat.scale(self.settle)
+            return CapacityResult(
+                "settled", None, None, True, n, spread_of(lat, self.runs, None), below
+            )
         ok, bad = self._bracket()
         at = lat.scale(ok) if ok is not None else None
         spread = spread_of(lat, self.runs, ok)

@@ -139,8 +139,9 @@ def trial_summary(out: TrialOutcome, cfg: StudyConfig) -> TrialSummary:
     diag = rec.diagnosis or {}
     mem = memory_evidence(lv.diagnosis for lv in capacity_bracket(rec.levels))
     feasible_top = score.feasible and top is not None
+    settled = rec.settled_below is not None  # bounded: neither feasible nor infeasible
     return TrialSummary(
-        feasible=score.feasible,
+        feasible=None if settled else score.feasible,
         failure_class=out.failure_class,
         capacity_scale=round(score.capacity_scale, 4) if score.capacity_scale else None,
         capacity_req_s=_r(capacity_rps(rec), 3),
@@ -149,7 +150,9 @@ def trial_summary(out: TrialOutcome, cfg: StudyConfig) -> TrialSummary:
         p99_ttft_ms=p99_ttft,
         p99_tpot_ms=p99_tpot,
         kv_cache_tokens=rec.kv_cache_tokens,
-        why_infeasible=why_infeasible(rec, cfg.mode),
+        settled_below=_r(rec.settled_below, 4),
+        settled_against=rec.settled_against,
+        why_infeasible=None if settled else why_infeasible(rec, cfg.mode),
         launch_command=rec.launch_command,
         stopped=stopped,
         diagnosis=diag.get("kind"),

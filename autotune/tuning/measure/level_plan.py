@@ -22,7 +22,7 @@ from autotune.loadgen.stop_rule import StopRule
 from autotune.tuning.measure.capacity import CapacityResult, CapacitySearch, Lattice
 from autotune.tuning.measure.early_stop import rule_of
 from autotune.tuning.measure.outcome import LevelOutcome
-from autotune.tuning.measure.runner_protocol import Runner
+from autotune.tuning.measure.runner_protocol import Redrawable, Runner
 from autotune.tuning.measure.scoring import LevelScore, Slo, score_level
 from autotune.workload.core import Workload
 from autotune.workload.sustain import sustain
@@ -31,6 +31,7 @@ __all__ = [
     "LevelPlan",
     "Measured",
     "MeasuredLevel",
+    "SettleBar",
     "lattice_of",
     "measure",
     "only_overlength",
@@ -98,6 +99,24 @@ class LevelPlan:
 
 
 @dataclass(frozen=True)
+class SettleBar:
+    """Where a trial is settled (docs/tuning.md#14-settling-losing-trials): the best
+    capacity so far (a load scale), the trial that holds it, and the server's noise band
+    (percent; None: not measured yet, one lattice step stands in for it)."""
+
+    scale: float
+    against: int
+    band_pct: float | None = None
+
+    def near(self, ls: LevelScore, lattice: Lattice) -> bool:
+        """A failure by less than the noise: its worst violation (normalized: 0.02 is 2 %
+        over a limit) is below the band."""
+        band = self.band_pct if self.band_pct is not None else 100 * lattice.resolution
+        miss = max(ls.violations.values(), default=0.0)
+        return not ls.feasible and 0 < 100 * miss < band
+
+
+@dataclass(frozen=True)
 class MeasuredLevel:
     """One level as measured: its place in the run, the outcome, the verdict, and the
     worker's death if the worker died during it."""
@@ -132,19 +151,30 @@ async def measure(
     plan: LevelPlan,
     *,
     hint: float | None = None,
+    settle: SettleBar | None = None,
     on_start: OnStart | None = None,
     on_level: Callable[[MeasuredLevel], None] | None = None,
 ) -> Measured:
     """Measure the configuration ``runner`` started: one level at 1.0x, or the capacity
-    search from ``hint`` (None: from the lattice's ends). ``on_level`` sees each level
-    as it is scored; the run ends at a level the worker died in, or (search) one whose
-    requests are too long for max_model_len and nothing else is wrong."""
+    search from ``hint`` (None: from the lattice's ends), or settled at ``settle``
+    (docs/tuning.md#14-settling-losing-trials). ``on_level`` sees each level as it is
+    scored; the run ends at a level the worker died in, or (search) one whose requests are
+    too long for max_model_len and nothing else is wrong."""
     lattice = plan.lattice
     search = (
-        CapacitySearch(lattice, plan.max_levels, hint, confirm=plan.confirm_capacity)
+        CapacitySearch(
+            lattice,
+            plan.max_levels,
+            hint,
+            confirm=plan.confirm_capacity,
+            settle=lattice.index(settle.scale) if settle is not None else None,
+        )
         if plan.capacity
         else None
     )
+    # a settle point measured again after a near miss gets fresh noise where the runner's
+    # noise is seeded (it would replay the same floats, docs/tuning.md#2-common-random-numbers)
+    redraw = runner.redraw if isinstance(runner, Redrawable) else None
     levels: list[MeasuredLevel] = []
     death: FailureMatch | None = None
     # a client-limited level's place and load, run once more
@@ -163,6 +193,8 @@ async def measure(
             if k is None:
                 break
             scale = lattice.scale(k)
+            if redraw is not None and search.settle is not None:
+                redraw(len(search.runs.get(k, [])) if k == search.settle else 0)
         progress = on_start(scale) if on_start is not None else None
         # a sample too short for this load is looped (docs/tuning.md#13-level-length)
         wl = sustain(workload, scale, plan.min_level_s, plan.min_level_requests)
@@ -188,7 +220,8 @@ async def measure(
             continue  # the search never sees it
         rerun = None
         if search is not None and k is not None:
-            search.record(k, ls.feasible)
+            near = settle is not None and settle.near(ls, lattice)
+            search.record(k, ls.feasible, near=near)
             if only_overlength(ls) or death is not None:
                 search.stop()  # no load helps: too long for max_model_len, or the worker died
     capacity = search.result() if search is not None else None

@@ -15,10 +15,10 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from autotune.tuning.measure.level_plan import LevelPlan, Measured
-from autotune.tuning.measure.runner_protocol import Runner
+from autotune.tuning.measure.runner_protocol import Redrawable, Runner
 from autotune.tuning.measure.scoring import score_level, worst_slo_margin
 from autotune.workload.core import Workload
 from autotune.workload.sustain import sustain
@@ -38,15 +38,6 @@ log = logging.getLogger(__name__)
 
 # runs of the boundary level in all: the search's own run and 2 more (cost: 2 levels)
 NOISE_RUNS = 3
-
-
-@runtime_checkable
-class Redrawable(Protocol):
-    """A runner whose noise is seeded (``sim-virtual``, docs/tuning.md#2-common-random-numbers):
-    ``redraw(k)`` makes its next levels draw jitter stream ``k`` (0: the study's own) until
-    it stops. Without it a repeat of a level there would replay the same floats."""
-
-    def redraw(self, k: int) -> None: ...
 
 
 @dataclass(frozen=True)

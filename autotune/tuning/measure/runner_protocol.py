@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from autotune.failures import FailureMatch
 from autotune.loadgen.sender import ProgressSnapshot
@@ -21,7 +21,7 @@ from autotune.telemetry.summary import LevelTelemetry
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.workload.core import Workload
 
-__all__ = ["Runner", "StartInfo", "offered_rate", "with_diagnosis"]
+__all__ = ["Redrawable", "Runner", "StartInfo", "offered_rate", "with_diagnosis"]
 
 
 @dataclass
@@ -74,3 +74,12 @@ def with_diagnosis(
         if "preemptions" in tel.counters:  # the server's counter delta over the level
             out.metrics = out.metrics.with_preemptions(tel.counters["preemptions"])
     return out
+
+
+@runtime_checkable
+class Redrawable(Protocol):
+    """A runner whose noise is seeded (``sim-virtual``, docs/tuning.md#2-common-random-numbers):
+    ``redraw(k)`` makes its next levels draw jitter stream ``k`` (0: the study's own) until
+    it stops. Without it a repeat of a level there would replay the same floats."""
+
+    def redraw(self, k: int) -> None: ...

@@ -142,6 +142,13 @@ class TrialScore:
     levels: tuple[LevelScore, ...] = field(default_factory=tuple)
     capacity: CapacityResult | None = None  # slo-capacity: how the lattice search ended
 
+    @property
+    def settled_below(self) -> float | None:
+        """Settled (docs/tuning.md#14-settling-losing-trials): the load scale it failed to
+        hold; its capacity is below it, and it is neither feasible nor infeasible."""
+        c = self.capacity
+        return c.below if c is not None and c.status == "settled" else None
+
 
 def score_level(
     m: LevelMetrics,

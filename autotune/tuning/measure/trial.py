@@ -21,7 +21,13 @@ from autotune.failures import FailureClass
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
 from autotune.tuning.attrs import constraint_names, constraint_order
-from autotune.tuning.measure.level_plan import LevelPlan, Measured, MeasuredLevel, measure
+from autotune.tuning.measure.level_plan import (
+    LevelPlan,
+    Measured,
+    MeasuredLevel,
+    SettleBar,
+    measure,
+)
 from autotune.tuning.measure.noise import NoiseRecord, measure_noise
 from autotune.tuning.measure.outcome import level_record
 from autotune.tuning.measure.runner_protocol import Runner
@@ -82,7 +88,7 @@ class TrialOutcome:
 
 
 async def _replay(
-    setup: TrialSetup, rec: TrialRecord, number: int
+    setup: TrialSetup, rec: TrialRecord, number: int, settle: SettleBar | None
 ) -> tuple[Measured | None, str | None]:
     """Measure the started worker in the study's mode (:func:`measure`), storing each level
     (in ``rec.levels``) and emitting its events. Returns the measurement and the failure
@@ -123,7 +129,13 @@ async def _replay(
         emit(LevelDone(number, ls.scale, out.offered_rate, ls.feasible, out.metrics, ls.texts))
 
     measured = await measure(
-        runner, setup.workload, setup.plan, hint=setup.capacity_hint, on_start=start, on_level=done
+        runner,
+        setup.workload,
+        setup.plan,
+        hint=setup.capacity_hint,
+        settle=settle,
+        on_start=start,
+        on_level=done,
     )
     dead = measured.death
     return measured, str(dead.failure_class) if dead is not None else None
@@ -139,13 +151,16 @@ async def run_trial(
     position: tuple[int, int] | None = None,
     first_attempt: bool = False,
     noise: bool = False,
+    settle: SettleBar | None = None,
 ) -> TrialOutcome:
     """Run one configuration end to end. Never raises for a worker failure; re-raises
     cancellation after stopping the worker and marking the stored trial FAIL.
     ``first_attempt``: the configuration has not run before, so a death from outside
     (``KILLED``, ``HUNG``) ends this attempt FAIL with :attr:`TrialOutcome.retry` set
     instead of being its verdict. ``noise``: after the search, replay its boundary level
-    twice more on the same worker (the server's noise, docs/tuning.md#7-validation)."""
+    twice more on the same worker (the server's noise, docs/tuning.md#7-validation).
+    ``settle``: measure the best capacity so far first and stop there if it fails
+    (docs/tuning.md#14-settling-losing-trials); the trial ends PRUNED, its capacity bounded."""
     cfg, runner, store = setup.cfg, setup.runner, setup.store
     noise_rec: NoiseRecord | None = None
     emit = setup.on_event or (lambda _e: None)
@@ -196,7 +211,7 @@ async def run_trial(
                 kv_cache_tokens=info.kv_cache_tokens,
                 max_concurrency=info.max_concurrency,
             )
-            measured, failure = await _replay(setup, rec, number)
+            measured, failure = await _replay(setup, rec, number, settle)
             if noise and measured is not None and failure is None:
                 noise_rec = await measure_noise(
                     runner, setup.workload, setup.plan, measured, trial=number
@@ -218,9 +233,16 @@ async def run_trial(
     score = failed_trial_score(names) if failure is not None else score_trial(levels, capacity)
     if failure is None and not levels:
         failure = str(FailureClass.UNKNOWN)
-    rec.state, rec.objective = "COMPLETE", score.objective
+    below = score.settled_below if failure is None else None
+    rec.state, rec.objective = (
+        ("PRUNED", None) if below is not None else ("COMPLETE", score.objective)
+    )
     rec.constraints = [score.constraints[k] for k in constraint_order(list(score.constraints))]
-    rec.feasible, rec.capacity_scale = score.feasible, score.capacity_scale
+    # a settled trial is bounded, neither feasible nor infeasible
+    rec.feasible = None if below is not None else score.feasible
+    rec.capacity_scale = score.capacity_scale
+    if below is not None and settle is not None:
+        rec.settled_below, rec.settled_against = below, settle.against
     rec.failure_class = failure
     rec.finished_at = datetime.now(UTC)
     # the bottleneck that stops this config from taking more load
@@ -229,14 +251,16 @@ async def run_trial(
         rec.diagnosis = top.diagnosis
     store.update_trial(
         rec.id,
-        state="COMPLETE",
-        objective=score.objective,
+        state=rec.state,
+        objective=rec.objective,
         constraints=rec.constraints,
-        feasible=score.feasible,
+        feasible=rec.feasible,
         capacity_scale=score.capacity_scale,
         failure_class=failure,
         diagnosis=rec.diagnosis,
         finished_at=rec.finished_at,
+        settled_below=rec.settled_below,
+        settled_against=rec.settled_against,
     )
     emit(
         TrialDone(

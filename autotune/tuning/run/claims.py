@@ -38,7 +38,7 @@ from autotune.tuning.search.edges import widen_at_claim
 from autotune.tuning.search.rounding import tidy_steps
 from autotune.tuning.search.space import SpaceBounds, suggest
 from autotune.tuning.search.stages import stage_param
-from autotune.tuning.search.strategy import next_stage, sampler_for, stage_params
+from autotune.tuning.search.strategy import MEASURED, next_stage, sampler_for, stage_params
 
 __all__ = ["Claimed", "Claims", "Done", "Wait", "decide", "stage_order"]
 
@@ -219,7 +219,7 @@ class Claims:
                 stage=stage,
                 lane=lane,
             )
-            done = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING))
+            done = sum(1 for t in trials if t.state in (*MEASURED, TrialState.RUNNING))
         # heartbeats from now on: only once the claim (and on PostgreSQL the lock's
         # transaction with it) has committed
         if self.on_claim is not None:

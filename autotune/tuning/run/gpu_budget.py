@@ -3,7 +3,9 @@
 :func:`estimate` prices the plan `study create` prints: each trial is a start-up (the modelled
 start of vLLM, docs/cost.md#2-the-start-up-model) and the levels of one capacity search (the
 search the product runs, played against capacities spread over the lattice) or one level;
-the validation phase is the noise re-runs and its runs. A level lasts its sample's span at its
+a trial after the baseline that is settled (docs/tuning.md#14-settling-losing-trials) is
+priced at :data:`SETTLE_LEVELS` levels at those capacities instead; the validation phase is
+the noise re-runs and its runs, each a full search. A level lasts its sample's span at its
 load, looped to the level minimums (docs/tuning.md#13-level-length). A closed loop's length
 depends on the server, so only its minimum is known: the estimate is then a lower bound.
 
@@ -30,6 +32,7 @@ from autotune.workload.sustain import copies_needed
 
 __all__ = [
     "CAPACITY_POSITIONS",
+    "SETTLE_LEVELS",
     "CostEstimate",
     "estimate",
     "level_seconds",
@@ -40,24 +43,32 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CostEstimate:
-    """The planned device time (GPU-seconds): ``trial_gpu_s`` for one trial, ``search_gpu_s``
-    for the planned trials and the noise re-runs, ``validation_gpu_s`` for the validation
-    phase. ``lower_bound``:
-    some levels' length depends on the server (a closed loop), so only their minimum is in."""
+    """The planned device time (GPU-seconds): ``trial_gpu_s`` for one trial after the
+    baseline, ``full_gpu_s`` for a full capacity search (the baseline's, a validation run's;
+    None: the same as a trial), ``search_gpu_s`` for the planned trials and the noise
+    re-runs, ``validation_gpu_s`` for the validation phase. ``lower_bound``: some levels'
+    length depends on the server (a closed loop), so only their minimum is in."""
 
     trials: int
     trial_gpu_s: float
     noise_gpu_s: float  # the baseline's noise re-runs, once per study
-    validation_runs: int  # each priced as a trial
+    validation_runs: int  # each priced as a full search
     lower_bound: bool
+    full_gpu_s: float | None = None
+
+    @property
+    def full(self) -> float:
+        """A full search's price: the baseline's and each validation run's."""
+        return self.trial_gpu_s if self.full_gpu_s is None else self.full_gpu_s
 
     @property
     def validation_gpu_s(self) -> float:
-        return self.validation_runs * self.trial_gpu_s
+        return self.validation_runs * self.full
 
     @property
     def search_gpu_s(self) -> float:
-        return self.trials * self.trial_gpu_s + self.noise_gpu_s
+        later = max(self.trials - 1, 0) * self.trial_gpu_s
+        return (self.full if self.trials else 0.0) + later + self.noise_gpu_s
 
     @property
     def gpu_hours(self) -> float:
@@ -90,6 +101,9 @@ def level_seconds(wl: Workload, scale: float, min_s: float, min_n: int) -> tuple
 # cost hangs on it (a capacity below the middle sends the search to the bottom, the slowest
 # level), so a trial is priced as the mean over these (docs/cost.md#3-the-plan-and-the-budget)
 CAPACITY_POSITIONS = (0.2, 0.4, 0.6, 0.8)
+# Levels of a settled trial, priced at the same capacities: one when it fails the best
+# capacity so far, two for a tie, more for a new best (docs/cost.md#3-the-plan-and-the-budget)
+SETTLE_LEVELS = 2
 
 
 def search_scales(plan: LevelPlan, position: float = 0.5) -> list[float]:
@@ -126,23 +140,37 @@ def estimate(cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int) -
     ]
     search_s = sum(s for levels in searches for s, _ in levels) / len(searches)
     lower = any(low for levels in searches for _, low in levels)
-    trial = devices * (startup + search_s)
+    full = devices * (startup + search_s)
+    trial = full
+    if plan.capacity and st.settle:
+        at = [
+            level_seconds(wl, plan.lattice.low * (plan.lattice.high / plan.lattice.low) ** p,
+                          st.min_level_s, st.min_level_requests)[0]
+            for p in positions
+        ]  # fmt: skip
+        trial = devices * (startup + SETTLE_LEVELS * sum(at) / len(at))
     # the baseline's boundary level twice more, once per study (the server's noise)
     boundary = level_seconds(wl, 1.0, st.min_level_s, st.min_level_requests)[0]
     noise = devices * (NOISE_RUNS - 1) * boundary
     v = st.validate_
     runs = (v.top_k + 1) * cfg.validation_repeats if v.enabled else 0
-    return CostEstimate(trials, trial, noise, runs, lower)
+    return CostEstimate(trials, trial, noise, runs, lower, full)
 
 
-def over_budget(cfg: StudyConfig, est: CostEstimate, spent: StudyCost, running: int) -> bool:
+def over_budget(
+    cfg: StudyConfig,
+    est: CostEstimate,
+    spent: StudyCost,
+    running: int,
+    full_gpu_s: float | None = None,
+) -> bool:
     """Whether one more trial would pass ``strategy.gpu_hours``: what the study's workers
     cost so far (``spent``), then ``running`` trials in flight and the next one, and the
-    validation phase after them, a trial's price each run. Once trials are counted, the
-    price is their mean cost (the plan's estimate leaves out early stop and guesses where
-    capacities lie). Validation runs, of the best configs, often cost less than the mean
-    trial: the reserve errs on the safe side. False without a budget, and for the first trial, the
-    baseline (docs/method.md: a baseline before any change)."""
+    validation phase after them. Once trials are counted, a trial's price is their mean cost
+    (the plan's estimate leaves out early stop and guesses where capacities lie). Validation
+    runs are full searches: priced as the baseline's counted one (``full_gpu_s``), else as
+    the plan's. False without a budget, and for the first trial, the baseline
+    (docs/method.md: a baseline before any change)."""
     budget = cfg.strategy.gpu_hours
     if budget is None:
         return False
@@ -150,5 +178,6 @@ def over_budget(cfg: StudyConfig, est: CostEstimate, spent: StudyCost, running: 
         return False  # the baseline always runs: no change is judged without it
     price = spent.trials_gpu_s / spent.trials if spent.trials else est.trial_gpu_s
     noise = 0.0 if spent.trials else est.noise_gpu_s  # the baseline's, counted with it
-    need = spent.gpu_s + (running + 1 + est.validation_runs) * price + noise
+    full = full_gpu_s if full_gpu_s is not None else est.full
+    need = spent.gpu_s + (running + 1) * price + est.validation_runs * full + noise
     return need > budget * 3600.0

@@ -25,7 +25,8 @@ from autotune.tuning.run.context import RunContext, RunReport
 from autotune.tuning.run.events import RunStart, TrialAbandoned, on_lane
 from autotune.tuning.run.gpu_budget import estimate, over_budget
 from autotune.tuning.run.lanes import RunBudget, run_lanes
-from autotune.tuning.search.strategy import planned_total
+from autotune.tuning.run.settling import settle_bar
+from autotune.tuning.search.strategy import MEASURED, planned_total
 
 __all__ = ["GPU_BUDGET", "optuna_value", "run_trials"]
 
@@ -58,7 +59,7 @@ async def run_trials(
         on_event(
             RunStart(
                 planned,
-                sum(1 for t in first if t.state == TrialState.COMPLETE),
+                sum(1 for t in first if t.state in MEASURED),
                 ctx.timeout,
                 tuple(recovered),  # what dead runs left, and how it was fixed
                 tuple(",".join(d) for d in plan.lanes) if plan is not None else None,
@@ -72,10 +73,12 @@ async def run_trials(
     def out_of_budget() -> bool:
         if price is None:
             return False
-        spent = study_cost(
-            ctx.store.trials(cfg.name, with_levels=False), ctx.store.repeats(cfg.name)
-        )
-        return over_budget(cfg, price, spent, budget.reserved - budget.ran - 1)
+        trials = ctx.store.trials(cfg.name, with_levels=False)
+        spent = study_cost(trials, ctx.store.repeats(cfg.name))
+        # the baseline's search is a full one, as every validation run is
+        full = [t.usage.gpu_s for t in trials if t.stage == "baseline" and t.usage is not None]
+        running = budget.reserved - budget.ran - 1
+        return over_budget(cfg, price, spent, running, full[-1] if full else None)
 
     halted: list[str] = []  # why the other lanes stopped, once one lane failed
 
@@ -122,10 +125,18 @@ async def run_trials(
             attrs.write_trial_start(study, trial, stage_name, engine_args, cfg.mode)
             attrs.write_devices(trial, setup.devices)  # or a retry's copy of none
             frozen = ctx.store.optuna_storage().get_trial(trial_id(trial))
-            # No capacity hint: every trial gets the same search as the baseline. Under noise
-            # a search started at the best capacity so far finds lucky feasible points up
-            # there that a search from the ends never visits
-            # (docs/tuning.md#1-the-capacity-lattice).
+            # No capacity hint: every trial that is not settled gets the same search as the
+            # baseline. Under noise a search started at the best capacity so far finds lucky
+            # feasible points up there that a search from the ends never visits
+            # (docs/tuning.md#1-the-capacity-lattice). A settled one is measured there first
+            # and ends there when it fails (docs/tuning.md#14-settling-losing-trials).
+            noise_rec = study_attrs.read_noise(study)
+            bar = settle_bar(
+                cfg,
+                study.get_trials(deepcopy=False),
+                stage_name,
+                noise_rec.band_pct if noise_rec is not None else None,
+            )
             try:
                 out = await run_trial(
                     setup,
@@ -147,7 +158,8 @@ async def run_trials(
                     ),
                     first_attempt=not attrs.retry_history(frozen),
                     # the server's noise, once per study: a resumed study has it stored
-                    noise=stage_name == "baseline" and study_attrs.read_noise(study) is None,
+                    noise=stage_name == "baseline" and noise_rec is None,
+                    settle=bar,
                 )
             except BaseException as exc:
                 # failed in both stores and queued again, once (docs/faults.md)
@@ -174,7 +186,10 @@ async def run_trials(
             attrs.write_trial_summary(study, trial, trial_summary(out, cfg), out.score.constraints)
             if ctx.hooks is not None:
                 ctx.hooks.trial_told(trial, out, cfg)
-            study.tell(trial, optuna_value(cfg, out))
+            if out.record.state == "PRUNED":  # settled: its capacity is only bounded
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, optuna_value(cfg, out))
             claims.finish(got)
             session.released(got)
             budget.finished()

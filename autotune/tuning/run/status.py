@@ -20,7 +20,7 @@ from autotune.tuning.search.edges import Widening, apply_widenings, stored_widen
 from autotune.tuning.search.plan import model_of
 from autotune.tuning.search.space import SpaceBounds
 from autotune.tuning.search.stages import plan_lines
-from autotune.tuning.search.strategy import planned_total
+from autotune.tuning.search.strategy import MEASURED, planned_total
 from autotune.workload.build import study_workload
 
 __all__ = ["RunningTrial", "StudyStatus", "plan_estimate", "study_plan", "study_status"]
@@ -98,7 +98,7 @@ def study_status(store: Store, name: str) -> StudyStatus:
         claims=len(claims),
         open_claims=sum(1 for c in claims if c.released_at is None),
         waiting=sum(1 for t in trials if t.state == TrialState.WAITING),
-        complete=sum(1 for t in trials if t.state == TrialState.COMPLETE),
+        complete=sum(1 for t in trials if t.state in MEASURED),  # settled ones too
         failed=sum(1 for t in trials if t.state == TrialState.FAIL),
         planned=planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), trials),
         retries=retries,

@@ -39,6 +39,8 @@ from autotune.tuning.search.stages import (
 )
 
 __all__ = [
+    "MEASURED",
+    "SETTLED_SCORE",
     "best_trial",
     "fixed_point",
     "grid_points",
@@ -60,8 +62,16 @@ def _stage_name(param: str) -> str:
     return param  # every sampler parameter is named after its engine arg
 
 
+# a settled trial (docs/tuning.md#14-settling-losing-trials) is Optuna's PRUNED: measured,
+# its capacity only bounded below the best so far
+MEASURED = (TrialState.COMPLETE, TrialState.PRUNED)
+# a settled trial's score on a line: below every feasible trial (it cannot beat the best),
+# above an infeasible one (it may hold its SLOs at a lower load)
+SETTLED_SCORE = -0.5
+
+
 def _done(trials: Sequence[FrozenTrial], stage: str, running: bool = False) -> int:
-    states = (TrialState.COMPLETE, TrialState.RUNNING) if running else (TrialState.COMPLETE,)
+    states = (*MEASURED, TrialState.RUNNING) if running else MEASURED
     return sum(1 for t in trials if stage_of(t) == stage and t.state in states)
 
 
@@ -109,7 +119,7 @@ def next_stage(
     study's whole budget (baseline and enqueued trials included)."""
     if waiting:
         return "enqueued"
-    if sum(1 for t in trials if t.state == TrialState.COMPLETE) >= st.n_trials:
+    if sum(1 for t in trials if t.state in MEASURED) >= st.n_trials:
         return None
     if st.name in ("joint", "random"):
         return st.name
@@ -238,9 +248,9 @@ def _at(t: FrozenTrial, b: SpaceBounds, point: dict[str, Any]) -> bool:
 
 
 def _measured_at(trials: Sequence[FrozenTrial], b: SpaceBounds, point: dict[str, Any]) -> bool:
-    """A complete or running trial ran ``point``."""
+    """A measured (complete or settled) or running trial ran ``point``."""
     return any(
-        t.state in (TrialState.COMPLETE, TrialState.RUNNING)
+        t.state in (*MEASURED, TrialState.RUNNING)
         and all(n in t.params for n in point)
         and _at(t, b, point)
         for t in trials
@@ -283,7 +293,7 @@ def _line_value(
     points: list[tuple[float, float | None]] = []
     top_tried = False
     for t in trials:
-        if t.state not in (TrialState.COMPLETE, TrialState.RUNNING) or free not in t.params:
+        if t.state not in (*MEASURED, TrialState.RUNNING) or free not in t.params:
             continue
         if not _at(t, b, fixed):
             continue
@@ -293,6 +303,8 @@ def _line_value(
         if t.state == TrialState.COMPLETE and t.value is not None:
             feasible = all(v <= 0 for v in t.constraints.values())
             score = float(t.value) if feasible else -1.0
+        elif t.state == TrialState.PRUNED:
+            score = SETTLED_SCORE
         points.append((float(_engine(t, free)), score))
         top_tried = top_tried or at_top(float(_engine(t, free)), hi)
     if free == "gpu_memory_utilization" and k == 1 and not top_tried:

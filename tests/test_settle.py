@@ -1,0 +1,157 @@
+"""Settling losing trials at the best capacity so far (docs/tuning.md#14-settling-losing-trials):
+the search's settle point, a near miss measured again, a study whose settled trials are
+Optuna's PRUNED with their bound shown, the same recommendation for fewer replayed seconds,
+and the bar each trial is settled at."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from support.studies import config
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.store import Store
+from autotune.tuning.measure.capacity import CapacitySearch, Lattice
+from autotune.tuning.measure.cost import study_cost
+from autotune.tuning.measure.level_plan import SettleBar
+from autotune.tuning.measure.scoring import LevelScore
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.settling import settle_bar
+
+LAT = Lattice(0.25, 4.0, 0.01)
+
+
+def _run(search: CapacitySearch, capacity: int, near: set[int] | None = None) -> list[int]:
+    """Drive ``search`` against a server whose capacity is lattice point ``capacity``;
+    ``near``: points whose (first) failure is a near miss."""
+    asked = []
+    while (k := search.next_index()) is not None:
+        asked.append(k)
+        search.record(k, k <= capacity, near=k in (near or set()))
+    return asked
+
+
+def test_a_config_that_fails_the_settle_point_is_settled_after_one_level() -> None:
+    s = CapacitySearch(LAT, settle=200)
+    assert _run(s, capacity=150) == [200]
+    r = s.result()
+    assert r.status == "settled" and r.levels == 1 and r.scale is None
+    assert r.below == pytest.approx(LAT.scale(200))
+
+
+def test_a_tie_costs_two_levels_and_a_better_config_is_searched_upwards_only() -> None:
+    tie = CapacitySearch(LAT, settle=200)
+    assert _run(tie, capacity=200) == [200, 201]
+    assert tie.result().status == "found" and tie.result().index == 200
+    better = CapacitySearch(LAT, settle=200)
+    asked = _run(better, capacity=230)
+    assert min(asked) == 200 and better.result().index == 230  # never below the bar
+    plain = CapacitySearch(LAT)
+    _run(plain, capacity=230)
+    assert plain.result().index == 230  # the same answer as the search from the ends
+
+
+def test_a_near_miss_is_measured_again_and_the_majority_decides() -> None:
+    # a failure within the noise: run again; two failures settle it
+    s = CapacitySearch(LAT, settle=200)
+    assert _run(s, capacity=150, near={200}) == [200, 200]
+    assert s.result().status == "settled" and s.result().levels == 2
+    # held on the re-runs (the first run was the unlucky one): the search goes on upwards
+    s = CapacitySearch(LAT, settle=200)
+    assert s.next_index() == 200
+    s.record(200, False, near=True)
+    assert s.next_index() == 200
+    s.record(200, True)
+    assert s.next_index() == 200  # 1 of 2: a third run decides
+    s.record(200, True)
+    while (k := s.next_index()) is not None:
+        s.record(k, k <= 205)
+    assert s.result().status == "found" and s.result().index == 205
+
+
+def test_a_near_miss_is_a_failure_within_the_noise_band() -> None:
+    def score(miss: float) -> LevelScore:
+        return LevelScore(2.0, {"p99_ttft": miss, "p99_tpot": -0.5}, miss <= 0, 1.0)
+
+    bar = SettleBar(2.0, 3, band_pct=3.0)
+    assert bar.near(score(0.02), LAT) and not bar.near(score(0.05), LAT)
+    assert not bar.near(score(-0.1), LAT)  # held: no miss
+    # no band measured yet: one lattice step stands in for it
+    assert SettleBar(2.0, 3).near(score(0.005), LAT)
+    assert not SettleBar(2.0, 3).near(score(0.02), LAT)
+
+
+def _study(tmp_path: Path, name: str, settle: bool) -> tuple[Store, str]:
+    cfg, text = config(
+        name=name,
+        strategy={"n_trials": 10, "capacity_levels": 24, "settle": settle},
+    )
+    s = Store.open(f"sqlite:///{tmp_path / (name + '.db')}")
+    create_study(cfg, text, s)
+    run_study(cfg.name, s)
+    return s, cfg.name
+
+
+@pytest.mark.config_field("strategy.settle")
+def test_settled_trials_cost_less_and_keep_the_recommendation(tmp_path: Path) -> None:
+    on, name_on = _study(tmp_path, "on", settle=True)
+    off, name_off = _study(tmp_path, "off", settle=False)
+    with on, off:
+        t_on, t_off = on.trials(name_on), off.trials(name_off)
+        settled = [t for t in t_on if t.state == "PRUNED"]
+        assert settled, "no trial was settled"
+        assert not [t for t in t_off if t.state == "PRUNED"]
+        by_number = {t.optuna_trial_number: t for t in t_on}
+        for t in settled:
+            # settled against a better trial that ran before it, after at most 2 levels
+            assert t.settled_against is not None and t.settled_against < t.optuna_trial_number
+            against = by_number[t.settled_against]
+            assert against.feasible and against.capacity_scale == pytest.approx(t.settled_below)
+            assert 1 <= len(t.levels) <= 2 and not any(lv.feasible for lv in t.levels)
+            assert t.objective is None and t.feasible is None
+        # the baseline is measured in full
+        assert by_number[0].state == "COMPLETE" and len(by_number[0].levels) >= 3
+        # Optuna sees them pruned; the sampler's plan still ran its 10 trials
+        study = optuna.load_study(study_name=name_on, storage=on.optuna_storage())
+        states = [t.state for t in study.trials]
+        assert states.count(TrialState.PRUNED) == len(settled) and len(states) == 10
+        # the same recommendation, for fewer replayed seconds
+        best_on = max((t for t in t_on if t.feasible), key=lambda t: t.objective or 0)
+        best_off = max((t for t in t_off if t.feasible), key=lambda t: t.objective or 0)
+        assert best_on.capacity_scale == pytest.approx(best_off.capacity_scale)
+        c_on, c_off = study_cost(t_on, []), study_cost(t_off, [])
+        assert c_on.replayed_s < 0.7 * c_off.replayed_s
+    # study show marks them, with the bound and the trial they were settled against
+    res = CliRunner().invoke(
+        app, ["study", "show", name_on, "--storage", f"sqlite:///{tmp_path / 'on.db'}"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "settled" in res.output and "below the best capacity so far" in res.output
+
+
+def test_the_bar_is_the_best_measured_capacity_and_skips_the_baseline(tmp_path: Path) -> None:
+    cfg, _ = config()
+    store, name = _study(tmp_path, "bar", settle=True)
+    with store:
+        study = optuna.load_study(study_name=name, storage=store.optuna_storage())
+        trials = study.trials
+    bar = settle_bar(cfg, trials, "max_num_seqs", 2.5)
+    assert bar is not None and bar.band_pct == 2.5
+    best = max(
+        (t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")),
+        key=lambda t: t.value or 0,
+    )
+    assert bar.against == best.number
+    assert bar.scale == pytest.approx(best.user_attrs["capacity_scale"])
+    assert settle_bar(cfg, trials, "baseline", None) is None
+    assert settle_bar(cfg, trials, "enqueue-mine", None) is None
+    assert settle_bar(cfg, [], "max_num_seqs", None) is None  # nothing to settle against
+    off, _ = config(strategy={"settle": False})
+    assert settle_bar(off, trials, "max_num_seqs", None) is None
+    fixed, _ = config(mode="fixed-rate")
+    assert settle_bar(fixed, trials, "max_num_seqs", None) is None
