@@ -93,17 +93,24 @@ def test_monotone_feasibility_gives_one_lattice_point_whatever_the_start(
         assert r.levels <= 2 + math.ceil(math.log2(lat.top))
 
 
-def test_without_a_hint_the_bottom_is_measured_only_when_the_middle_fails() -> None:
-    # the bottom load replays longest (0.25x the rate: four times the middle's duration), and
-    # a config feasible in the middle of the lattice never needs it
+def test_without_a_hint_the_bottom_is_measured_only_when_nothing_above_it_holds() -> None:
+    # the bottom load replays longest (0.25x the rate: four times the middle's duration): a
+    # config feasible in the middle never needs it, nor one feasible anywhere above it (the
+    # search bisects towards it as if a point below it held)
     mid = LAT.top // 2
     high = run_search(LAT, lambda k: k <= 300, None)
     assert list(high.measured)[:2] == [LAT.top, mid] and 0 not in high.measured
     assert high.result().index == 300
     low = run_search(LAT, lambda k: k <= 50, None)
-    assert list(low.measured)[:3] == [LAT.top, mid, 0] and low.result().index == 50
-    nothing = run_search(LAT, lambda k: False, None).result()
-    assert nothing.status == "below_low" and nothing.levels == 3
+    assert list(low.measured)[:3] == [LAT.top, mid, mid // 2]
+    assert 0 not in low.measured and low.result().index == 50
+    one = run_search(LAT, lambda k: k <= 1, None)  # the bracket [1, 2] needs no bottom either
+    assert one.result().index == 1 and 0 not in one.measured
+    bottom = run_search(LAT, lambda k: k == 0, None)
+    assert bottom.result().index == 0 and bottom.measured[0] is True
+    nothing = run_search(LAT, lambda k: False, None)
+    assert nothing.result().status == "below_low" and nothing.measured[0] is False
+    assert nothing.result().levels == 2 + math.ceil(math.log2(mid))
 
 
 def test_a_hint_next_to_the_answer_saves_levels() -> None:
@@ -113,7 +120,7 @@ def test_a_hint_next_to_the_answer_saves_levels() -> None:
     cold = run_search(LAT, feasible, None).result()
     warm = run_search(LAT, feasible, LAT.scale(200)).result()
     assert cold.index == warm.index == 200
-    assert warm.levels == 2 and cold.levels == 11
+    assert warm.levels == 2 and cold.levels == 10
 
 
 @pytest.mark.parametrize(

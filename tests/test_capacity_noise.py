@@ -69,16 +69,16 @@ def test_issue_example_a_lucky_run_is_outvoted_when_confirming() -> None:
     plain, asked = scripted(ISSUE, truth, lucky)
     # one pass sees no contradiction (every point it asks lies inside the open bracket): the
     # lucky point is the answer, measured once, as before
-    assert asked == [ISSUE.top, ISSUE.top // 2, 0, 26, 13, 6, 3, 1, 2]
+    assert asked == [ISSUE.top, ISSUE.top // 2, 26, 13, 6, 3, 1, 2]
     assert plain.result().index == 2 and plain.result().monotone
 
     s, asked = scripted(ISSUE, truth, lucky, confirm=True)
     r = s.result()
     # 20.8 again (fails), 21.2 again (fails: 2 agreeing runs), 20.8 a third time (fails:
     # 1 of 3), then the new capacity point 20.4 once more (holds: 2 of 2)
-    assert asked[9:] == [2, 3, 2, 1]
+    assert asked[8:] == [2, 3, 2, 1]
     assert r.status == "found" and r.index == 1 and r.scale == pytest.approx(20.4)
-    assert r.levels == 13 and not r.monotone
+    assert r.levels == 12 and not r.monotone
     assert r.spread is not None
     assert r.spread.at == Runs(2, 2) and r.spread.above == Runs(1, 3)
     assert (r.spread.band_low, r.spread.band_high) == pytest.approx((20.4, ISSUE.scale(2)))
@@ -131,7 +131,7 @@ def test_monotone_runs_measure_the_same_points_as_before(cap: float) -> None:
     assert len(asked) == len(set(asked)) == r.levels and r.monotone
     assert asked[0] == LAT.top and (len(asked) == 1 or asked[1] == LAT.top // 2)
     if cap == 0.9:  # the order the bisection takes (docs/tuning.md#1-the-capacity-lattice)
-        assert asked == [417, 208, 0, 104, 156, 130, 117, 123, 126, 128, 129]
+        assert asked == [417, 208, 104, 156, 130, 117, 123, 126, 128, 129]
     confirmed, asked2 = scripted(LAT, truth, confirm=True)
     c = confirmed.result()
     assert asked2[: len(asked)] == asked and (c.index, c.status) == (r.index, r.status)
@@ -188,10 +188,10 @@ def test_a_noisy_runner_reports_the_majority_boundary_and_its_spread() -> None:
     cfg, _ = config(strategy={"capacity_levels": 24})
     wl = build_workload(cfg.workload)
     plan = dataclasses.replace(LevelPlan.of(cfg), lattice=LAT, early_stop=None)
-    runner = ScriptedRunner(levels=jittered_up_to(1.0, seed=3))
+    runner = ScriptedRunner(levels=jittered_up_to(1.0, seed=11))
     plain = asyncio.run(measure(runner, wl, plan))
     assert plain.capacity is not None and plain.capacity.monotone  # one pass sees no noise
-    runner = ScriptedRunner(levels=jittered_up_to(1.0, seed=3))
+    runner = ScriptedRunner(levels=jittered_up_to(1.0, seed=11))
     confirm = dataclasses.replace(plan, confirm_capacity=True)
     m = asyncio.run(measure(runner, wl, confirm))
     cap = m.capacity

@@ -255,8 +255,11 @@ def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None
         assert 4 <= len(scales) <= plan.max_levels and len(set(scales)) == len(scales)
         held = [sc for sc in scales if sc <= capacity]
         assert held and max(held) == pytest.approx(capacity, rel=2 * lat.resolution)
-    # a capacity below the middle sends the search to the bottom, the slowest level
-    assert lat.low in search_scales(plan, 0.2) and lat.low not in search_scales(plan, 0.8)
+    # a capacity below the middle sends the search towards the bottom, the slowest level,
+    # but never to it while a point above it holds
+    mid = lat.scale(lat.top // 2)
+    assert min(search_scales(plan, 0.2)) < mid == min(search_scales(plan, 0.8))
+    assert all(lat.low not in search_scales(plan, p) for p in CAPACITY_POSITIONS)
     assert search_scales(LevelPlan.of(config(mode="fixed-rate")[0])) == [1.0]
     # 120 requests at 4 req/s span about 30 s: at 0.25x a level lasts 4 x that, looped to
     # 200 requests (two copies)

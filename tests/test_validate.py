@@ -460,3 +460,28 @@ def test_repeats_default_by_mode_and_the_plan_follows(tmp_path: Path) -> None:
             assert base is not None
             runs = validate.plan_runs(cfg, base, top)
         assert len(runs) == 3 * n and max(r.repeat_index for r in runs) == n - 1
+
+
+@field("strategy.validate.from_capacity")
+def test_runs_start_at_each_configs_capacity_and_find_the_same_answers(tmp_path: Path) -> None:
+    # the decision boundary: each run's search starts at its config's capacity in the study
+    # (docs/tuning.md#7-validation) and ends on the same lattice points as a search from the
+    # lattice's ends, in fewer levels when the capacity moved little on the fresh sample
+    spec = {0: (1.0, 0.01), 1: (1.3, 0.01)}
+    results = {}
+    for on in (True, False):
+        cfg = _cfg(validate={"top_k": 1, "repeats": 3, "from_capacity": on})
+        with Store.open(f"sqlite:///{tmp_path / f'{on}.db'}") as store:
+            _study(store, cfg, {0: 100.0, 1: 130.0})
+            for t in store.trials("t"):
+                assert t.id is not None
+                store.update_trial(t.id, capacity_scale=spec[t.optuna_trial_number][0])
+            out = _validate(store, cfg, spec)
+            results[on] = (out.summary, store.repeats("t"))
+    (s_on, r_on), (s_off, r_off) = results[True], results[False]
+    key = lambda r: (r.repeat_index, r.trial_number)  # noqa: E731
+    assert [r.capacity_scale for r in sorted(r_on, key=key)] == [
+        r.capacity_scale for r in sorted(r_off, key=key)
+    ]
+    assert s_on.verdict == s_off.verdict == "recommend" and s_on.chosen == s_off.chosen == 1
+    assert sum(r.levels or 0 for r in r_on) < sum(r.levels or 0 for r in r_off) / 2

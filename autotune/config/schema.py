@@ -253,15 +253,15 @@ class ValidateConfig(ConfigModel):
     # tuning-quality benchmark; five halve it (1.24), and the third candidate was rarely
     # chosen, so 15 runs instead of 12 (docs/tuning.md#7-validation)
     top_k: int = Field(2, ge=1)
-    # 1 is allowed (a re-measurement without an interval: one run says nothing about noise).
-    # None: by mode (StudyConfig.validation_repeats): 5 in slo-capacity, where a run is a
-    # whole capacity search; 20 in offline and fixed-rate, where a run is one level, so 20
-    # cost less than 5 capacity searches. Their figures are noisier per sample (an offline
-    # throughput hangs on the few longest requests a sample draws, which drain alone at the
-    # end): 5 repeats said "keep" on all three offline benchmark studies of a +3 % gain
-    # (docs/tuning.md#7-validation)
+    # 1 is allowed (no interval). None: by mode (StudyConfig.validation_repeats): 5 in
+    # slo-capacity; 20 in offline and fixed-rate, where a run is one level, and an offline
+    # throughput hangs on the few longest requests a sample draws: 5 repeats said "keep" on
+    # all three offline benchmark studies of a +3 % gain (docs/tuning.md#7-validation)
     repeats: int | None = Field(None, ge=1)
     confidence: float = Field(0.95, gt=0, lt=1)
+    # slo-capacity: each run's search starts at the config's capacity in the study, at the
+    # decision boundary, instead of the lattice's ends (docs/tuning.md#7-validation)
+    from_capacity: bool = True
 
 
 class StrategyConfig(ConfigModel):

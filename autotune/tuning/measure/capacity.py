@@ -316,6 +316,12 @@ class CapacitySearch:
         ok, bad = self._bracket()
         if ok is not None and bad is not None:
             return (ok + bad) // 2
+        if ok is None and bad is not None and self.hint is None and (top // 2) in self.runs:
+            # the middle failed too: bisect towards the bottom as if a point below it held.
+            # The bottom is the longest level to replay (at 0.25x, 4x the middle's duration)
+            # and only a config that fails everywhere above it needs it measured
+            # (docs/tuning.md#1-the-capacity-lattice)
+            return bad // 2
         if ok is None and bad is None:
             if self.hint is None:
                 return top

@@ -210,13 +210,19 @@ def plan_runs(
 
 
 async def measure_run(
-    cfg: StudyConfig, runner: Runner, wl: Workload, run: RepeatRecord, name: str
+    cfg: StudyConfig,
+    runner: Runner,
+    wl: Workload,
+    run: RepeatRecord,
+    name: str,
+    hint: float | None = None,
 ) -> RepeatRecord:
     """``run`` (its config) measured on one workload sample with the trials' protocol, except
     that the over-length limit is left to the pooled judgement (docs/tuning.md#7-validation):
     the load search sees only the latency and error SLOs. Returns the run's record with the
     results. Never raises for a worker failure (the SLOs did not hold); stops the worker
-    whatever happens."""
+    whatever happens. ``hint``: the load its search starts at (the config's capacity in the
+    study, ``strategy.validate.from_capacity``); None: the lattice's ends."""
     plan = LevelPlan.of(cfg)
     slo = plan.slo
     plan = dataclasses.replace(plan, slo=dataclasses.replace(slo, max_overlength_rate=1.0))
@@ -228,7 +234,7 @@ async def measure_run(
         failed = _measured(run, False, failure_class=fc, violations=[f"worker failed: {fc}"])
         return _with_usage(failed, runner)
     try:
-        measured = await measure(runner, wl, plan)
+        measured = await measure(runner, wl, plan, hint=hint if plan.capacity else None)
         if plan.capacity:
             result = _capacity_run(run, runner, measured)
         else:
@@ -350,6 +356,11 @@ async def run_validation(
         emit(ValidationStart(len(runs), len(pending)))
     sample: tuple[int, Workload] | None = None
     made, stopped = 0, None
+    # where each config's runs start their search: its capacity in the study
+    capacity = {
+        t.optuna_trial_number: t.capacity_scale for t in store.trials(name, with_levels=False)
+    }
+    start_at = cfg.strategy.validate_.from_capacity
     for rec in pending:
         assert rec.id is not None
         if deadline is not None and time.monotonic() >= deadline:
@@ -370,7 +381,12 @@ async def run_validation(
             runner.check_prepared = None
         try:
             res = await measure_run(
-                cfg, runner, sample[1], rec, f"validate-{rec.repeat_index}-{rec.trial_number:04d}"
+                cfg,
+                runner,
+                sample[1],
+                rec,
+                f"validate-{rec.repeat_index}-{rec.trial_number:04d}",
+                hint=capacity.get(rec.trial_number) if start_at else None,
             )
         except BaseException:
             store.update_repeat(rec.id, state="PENDING", started_at=None)

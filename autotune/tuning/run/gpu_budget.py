@@ -98,8 +98,8 @@ def level_seconds(wl: Workload, scale: float, min_s: float, min_n: int) -> tuple
 
 
 # Where in the lattice a trial's capacity may lie (fractions of its log range): a search's
-# cost hangs on it (a capacity below the middle sends the search to the bottom, the slowest
-# level), so a trial is priced as the mean over these (docs/cost.md#3-the-plan-and-the-budget)
+# cost hangs on it (a capacity below the middle sends the search to low loads, the slowest
+# levels), so a trial is priced as the mean over these (docs/cost.md#3-the-plan-and-the-budget)
 CAPACITY_POSITIONS = (0.2, 0.4, 0.6, 0.8)
 # Levels of a settled trial, priced at the same capacities: one when it fails the best
 # capacity so far, two for a tie, more for a new best (docs/cost.md#3-the-plan-and-the-budget)
