@@ -41,6 +41,7 @@ from autotune.tuning.run.create import create_study
 from autotune.tuning.run.gpu_budget import (
     CAPACITY_POSITIONS,
     SETTLE_LEVELS,
+    VALIDATION_LEVELS,
     CostEstimate,
     estimate,
     level_seconds,
@@ -288,10 +289,16 @@ def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None
     v = cfg.strategy.validate_
     reps = (v.top_k + 1) * cfg.validation_repeats
     assert est.validation_runs == reps
-    assert est.validation_gpu_s == pytest.approx(reps * est.full)  # full searches
+    # each run a search from its config's capacity: VALIDATION_LEVELS levels there
+    run = startup + VALIDATION_LEVELS * sum(at) / len(at)
+    assert est.validation_gpu_s == pytest.approx(reps * run)
     unsettled, _ = config(strategy={**cfg.strategy.model_dump(by_alias=True), "settle": False})
     plain = estimate(unsettled, model, wl, trials=24)
     assert plain.trial_gpu_s == pytest.approx(est.full)
+    ends, _ = config(
+        strategy={**cfg.strategy.model_dump(by_alias=True), "validate": {"from_capacity": False}}
+    )
+    assert estimate(ends, model, wl, 24).validation_gpu_s == pytest.approx(reps * est.full)
     assert est.text.startswith(f"about {est.gpu_hours:.2f} GPU-hours (24 trials of about ")
     assert estimate(closed, model, build_workload(closed.workload), 3).text.startswith("at least")
 
@@ -315,9 +322,12 @@ def test_over_budget_counts_what_was_spent_what_runs_and_the_validation_after() 
     assert not over_budget(cfg, est, study_cost(done, []), running=5)  # 600 + 1800 + 1200
     assert over_budget(cfg, est, study_cost(done, []), running=6)
     # counted trials dearer than the plan's full search price the validation runs too
-    # a counted baseline prices them: 600 + 300 + 2 x 1000 = 2900, 2 x 1400: 3700
-    assert not over_budget(cfg, est, study_cost(done, []), running=0, full_gpu_s=1000.0)
-    assert over_budget(cfg, est, study_cost(done, []), running=0, full_gpu_s=1400.0)
+    # full validation searches are priced as the counted baseline's: 600 + 300 + 2 x 1000 =
+    # 2900, 2 x 1400: 3700
+    full, _ = config(strategy={"gpu_hours": 1.0, "validate": {"from_capacity": False}})
+    assert not over_budget(full, est, study_cost(done, []), running=0, full_gpu_s=1000.0)
+    assert over_budget(full, est, study_cost(done, []), running=0, full_gpu_s=1400.0)
+    assert not over_budget(cfg, est, study_cost(done, []), running=0, full_gpu_s=1400.0)
     assert not over_budget(config()[0], est, nothing, running=99)  # no budget, no limit
 
 
@@ -333,6 +343,7 @@ def test_a_budget_ends_the_search_early_and_the_validation_still_runs(tmp_path: 
     base = {"name": "joint", "n_trials": 12, "validate": {"enabled": True, "top_k": 1}}
     # every trial a full search, so that a trial and a validation run cost alike
     base |= {"min_level_s": 0, "min_level_requests": 0, "settle": False}
+    base["validate"] |= {"from_capacity": False}
     # what the study costs without a budget: its trials' mean price and its validation's
     free, free_text = config(strategy=base)
     with Store.open(f"sqlite:///{tmp_path / 'free.db'}") as s:

@@ -186,6 +186,13 @@ def test_configs_measured_alike_are_validated_once(tmp_path: Path) -> None:
     assert validate.measured_alike(by[1], by[2])
     by[2].levels[-1].scale = 1.01
     assert not validate.measured_alike(by[1], by[2])
+    # loads only one of them measured are not compared (a trial settled upwards from the
+    # best so far measures fewer), the capacity point must be among those both measured
+    by[2].levels = [types.SimpleNamespace(**vars(lv))]
+    by[1].levels = [types.SimpleNamespace(**{**vars(lv), "scale": 0.5}), *by[2].levels]
+    assert validate.measured_alike(by[1], by[2])
+    by[1].capacity_scale = by[2].capacity_scale = 0.5
+    assert not validate.measured_alike(by[1], by[2])
 
 
 def test_a_deadline_stops_it_and_the_next_call_resumes(tmp_path: Path) -> None:

@@ -128,8 +128,11 @@ def repeat_seeds(cfg: StudyConfig, repeat: int) -> tuple[int, int]:
 
 
 def measured_alike(a: TrialRecord, b: TrialRecord) -> bool:
-    """The two trials' measurements agree: objective, capacity, each level's load and
-    verdict, and every feasible level's latencies and throughput. (Infeasible levels' figures
+    """The two trials' measurements agree: objective, capacity, and at every load both
+    measured the verdict and, where feasible, the latencies and throughput (a trial settled
+    upwards from the best so far measures fewer loads than one searched from the lattice's
+    ends, docs/tuning.md#14-settling-losing-trials; the capacity point and the next one up
+    are measured by both). (Infeasible levels' figures
     are left out: with early stop they come from partial replays, and two configs that differ
     only above their capacity must compare the same whether or not their levels stopped,
     docs/tuning.md#10-early-stop-inside-a-level.) Different engine args measured alike
@@ -140,18 +143,22 @@ def measured_alike(a: TrialRecord, b: TrialRecord) -> bool:
     float, so there nothing is alike. Without loaded levels only the objective and capacity
     are compared."""
 
-    def figures(t: TrialRecord) -> tuple[Any, ...]:
-        return (
-            t.objective,
-            t.capacity_scale,
-            tuple(
-                (lv.scale, lv.feasible)
+    def figures(t: TrialRecord) -> dict[float, list[tuple[Any, ...]]]:
+        by_load: dict[float, list[tuple[Any, ...]]] = {}
+        for lv in t.levels:
+            by_load.setdefault(lv.scale, []).append(
+                (lv.feasible,)
                 + ((lv.p99_ttft_ms, lv.p99_tpot_ms, lv.output_throughput) if lv.feasible else ())
-                for lv in t.levels
-            ),
-        )
+            )
+        return by_load
 
-    return a.objective is not None and figures(a) == figures(b)
+    if a.objective is None or (a.objective, a.capacity_scale) != (b.objective, b.capacity_scale):
+        return False
+    fa, fb = figures(a), figures(b)
+    both = fa.keys() & fb.keys()
+    if (fa or fb) and (not both or (a.capacity_scale is not None and a.capacity_scale not in both)):
+        return False  # nothing in common, or not the capacity point itself
+    return all(fa[k] == fb[k] for k in both)
 
 
 def candidates_of(

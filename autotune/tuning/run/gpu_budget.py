@@ -5,7 +5,9 @@ start of vLLM, docs/cost.md#2-the-start-up-model) and the levels of one capacity
 search the product runs, played against capacities spread over the lattice) or one level;
 a trial after the baseline that is settled (docs/tuning.md#14-settling-losing-trials) is
 priced at :data:`SETTLE_LEVELS` levels at those capacities instead; the validation phase is
-the noise re-runs and its runs, each a full search. A level lasts its sample's span at its
+the noise re-runs and its runs, each a search from the config's capacity
+(:data:`VALIDATION_LEVELS` levels there) or, with ``strategy.validate.from_capacity`` off,
+a full search. A level lasts its sample's span at its
 load, looped to the level minimums (docs/tuning.md#13-level-length). A closed loop's length
 depends on the server, so only its minimum is known: the estimate is then a lower bound.
 
@@ -33,6 +35,7 @@ from autotune.workload.sustain import copies_needed
 __all__ = [
     "CAPACITY_POSITIONS",
     "SETTLE_LEVELS",
+    "VALIDATION_LEVELS",
     "CostEstimate",
     "estimate",
     "level_seconds",
@@ -55,15 +58,21 @@ class CostEstimate:
     validation_runs: int  # each priced as a full search
     lower_bound: bool
     full_gpu_s: float | None = None
+    # a validation run's price (None: a full search's)
+    validation_run_gpu_s: float | None = None
 
     @property
     def full(self) -> float:
-        """A full search's price: the baseline's and each validation run's."""
+        """A full search's price: the baseline's."""
         return self.trial_gpu_s if self.full_gpu_s is None else self.full_gpu_s
 
     @property
+    def validation_run(self) -> float:
+        return self.full if self.validation_run_gpu_s is None else self.validation_run_gpu_s
+
+    @property
     def validation_gpu_s(self) -> float:
-        return self.validation_runs * self.full
+        return self.validation_runs * self.validation_run
 
     @property
     def search_gpu_s(self) -> float:
@@ -104,6 +113,10 @@ CAPACITY_POSITIONS = (0.2, 0.4, 0.6, 0.8)
 # Levels of a settled trial, priced at the same capacities: one when it fails the best
 # capacity so far, two for a tie, more for a new best (docs/cost.md#3-the-plan-and-the-budget)
 SETTLE_LEVELS = 2
+# Levels of a validation run that starts at its config's capacity: the capacity and the next
+# point up, and the gallop and bisection to where a fresh sample moved it (2 to 8 on the
+# quickstart, docs/cost.md#3-the-plan-and-the-budget)
+VALIDATION_LEVELS = 5
 
 
 def search_scales(plan: LevelPlan, position: float = 0.5) -> list[float]:
@@ -141,20 +154,25 @@ def estimate(cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int) -
     search_s = sum(s for levels in searches for s, _ in levels) / len(searches)
     lower = any(low for levels in searches for _, low in levels)
     full = devices * (startup + search_s)
-    trial = full
-    if plan.capacity and st.settle:
+    trial, run = full, full
+    if plan.capacity:
+        lat = plan.lattice
         at = [
-            level_seconds(wl, plan.lattice.low * (plan.lattice.high / plan.lattice.low) ** p,
+            level_seconds(wl, lat.low * (lat.high / lat.low) ** p,
                           st.min_level_s, st.min_level_requests)[0]
             for p in positions
         ]  # fmt: skip
-        trial = devices * (startup + SETTLE_LEVELS * sum(at) / len(at))
+        at_capacity = sum(at) / len(at)  # one level at a capacity
+        if st.settle:
+            trial = devices * (startup + SETTLE_LEVELS * at_capacity)
+        if st.validate_.from_capacity:
+            run = devices * (startup + VALIDATION_LEVELS * at_capacity)
     # the baseline's boundary level twice more, once per study (the server's noise)
     boundary = level_seconds(wl, 1.0, st.min_level_s, st.min_level_requests)[0]
     noise = devices * (NOISE_RUNS - 1) * boundary
     v = st.validate_
     runs = (v.top_k + 1) * cfg.validation_repeats if v.enabled else 0
-    return CostEstimate(trials, trial, noise, runs, lower, full)
+    return CostEstimate(trials, trial, noise, runs, lower, full, run)
 
 
 def over_budget(
@@ -168,9 +186,9 @@ def over_budget(
     cost so far (``spent``), then ``running`` trials in flight and the next one, and the
     validation phase after them. Once trials are counted, a trial's price is their mean cost
     (the plan's estimate leaves out early stop and guesses where capacities lie). Validation
-    runs are full searches: priced as the baseline's counted one (``full_gpu_s``), else as
-    the plan's. False without a budget, and for the first trial, the baseline
-    (docs/method.md: a baseline before any change)."""
+    runs are priced as the plan's, except full searches (``strategy.validate.from_capacity``
+    off): as the baseline's counted one (``full_gpu_s``). False without a budget, and for
+    the first trial, the baseline (docs/method.md: a baseline before any change)."""
     budget = cfg.strategy.gpu_hours
     if budget is None:
         return False
@@ -178,6 +196,8 @@ def over_budget(
         return False  # the baseline always runs: no change is judged without it
     price = spent.trials_gpu_s / spent.trials if spent.trials else est.trial_gpu_s
     noise = 0.0 if spent.trials else est.noise_gpu_s  # the baseline's, counted with it
-    full = full_gpu_s if full_gpu_s is not None else est.full
-    need = spent.gpu_s + (running + 1) * price + est.validation_runs * full + noise
+    run = est.validation_run
+    if not cfg.strategy.validate_.from_capacity and full_gpu_s is not None:
+        run = full_gpu_s
+    need = spent.gpu_s + (running + 1) * price + est.validation_runs * run + noise
     return need > budget * 3600.0
