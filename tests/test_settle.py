@@ -5,6 +5,7 @@ and the bar each trial is settled at."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
@@ -132,6 +133,27 @@ def test_settled_trials_cost_less_and_keep_the_recommendation(tmp_path: Path) ->
     )
     assert res.exit_code == 0, res.output
     assert "settled" in res.output and "below the best capacity so far" in res.output
+    # the report and the export say the same, with the trial it was settled against
+    md = tmp_path / "r.md"
+    url = f"sqlite:///{tmp_path / 'on.db'}"
+    res = CliRunner().invoke(app, ["report", name_on, "--md", str(md), "--storage", url])
+    assert res.exit_code == 0, res.output
+    first = settled[0]
+    row = next(
+        ln
+        for ln in md.read_text().splitlines()
+        if ln.startswith(f"| {first.optuna_trial_number} |")
+    )
+    assert "| settled |" in row and f"(settled against trial {first.settled_against})" in row
+    res = CliRunner().invoke(
+        app, ["study", "export", name_on, "--format", "json", "--storage", url]
+    )
+    assert res.exit_code == 0, res.output
+    exported = {t["optuna_trial_number"]: t for t in json.loads(res.output)["trials"]}
+    cap = exported[first.optuna_trial_number]["capacity"]
+    assert cap["status"] == "settled" and cap["bound"] == "<"
+    assert cap["settled_against"] == first.settled_against
+    assert cap["scale"] == pytest.approx(first.settled_below)
 
 
 def test_the_bar_is_the_best_measured_capacity_and_skips_the_baseline(tmp_path: Path) -> None:

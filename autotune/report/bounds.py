@@ -29,6 +29,7 @@ __all__ = [
     "capacity_cell",
     "capacity_of",
     "gain_bound_text",
+    "state_word",
     "status_at",
     "trial_capacity",
     "widen_hint",
@@ -190,6 +191,11 @@ def trial_capacity(t: TrialRecord, lattice: Lattice | None, mode: str) -> Capaci
     if lattice is not None and lattice.index(scale) > 0:
         return None  # its search stopped above the bottom: no bound to state
     return Capacity(scale, rps, BELOW_LOW, capacity_spread(t, lattice) if lattice else None)
+
+
+def state_word(state: str) -> str:
+    """A trial's state as reports say it: Optuna's PRUNED is a settled trial here."""
+    return "settled" if state == "PRUNED" else state.lower()
 
 
 def capacity_cell(t: TrialRecord, lattice: Lattice | None, mode: str) -> str:

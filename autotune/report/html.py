@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from autotune.report.best_output import format_validation, study_hints, validation_block
-from autotune.report.bounds import capacity_cell
+from autotune.report.bounds import capacity_cell, state_word
 from autotune.report.levels import figure_cell
 from autotune.report.plots import figures
 from autotune.report.recommend import gain_text
@@ -157,7 +157,7 @@ def _trials(view: StudyView) -> str:
         cells = (
             t.optuna_trial_number,
             t.stage,
-            t.state.lower(),
+            state_word(t.state),
             *(t.engine_args.get(k, "-") for k in ENGINE_KEYS),
             _num(t.objective),
             capacity_cell(t, lattice, view.cfg.mode),

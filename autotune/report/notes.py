@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.report.best_output import format_validation, study_hints, validation_block
-from autotune.report.bounds import capacity_cell, trial_capacity
+from autotune.report.bounds import capacity_cell, state_word, trial_capacity
 from autotune.report.levels import figure_cell, stop_note
 from autotune.report.recommend import gain_text
 from autotune.report.study_view import (
@@ -52,8 +52,11 @@ def _engine_line(t: TrialRecord) -> str:
 
 
 def _headline(t: TrialRecord, mode: str, lattice: Lattice | None = None) -> str:
+    settled = trial_capacity(t, lattice, mode) if t.state == "PRUNED" else None
+    if settled is not None:  # docs/tuning.md#14-settling-losing-trials
+        return f"**settled**: capacity {settled.text()}"
     if t.state != "COMPLETE":
-        return f"**{t.state.lower()}**"
+        return f"**{state_word(t.state)}**"
     if not t.feasible:
         return f"**infeasible**: {why_infeasible(t, mode) or 'violates the SLOs'}"
     lv = t.headline_level()
@@ -203,7 +206,7 @@ def markdown_report(view: StudyView, *, max_trials: int = 50) -> str:
             (
                 t.optuna_trial_number,
                 t.stage,
-                t.state.lower(),
+                state_word(t.state),
                 *(t.engine_args.get(k, "-") for k in ENGINE_KEYS),
                 _num(t.objective),
                 capacity_cell(t, lattice, view.cfg.mode),
