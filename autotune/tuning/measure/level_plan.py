@@ -28,6 +28,7 @@ from autotune.workload.core import Workload
 from autotune.workload.sustain import sustain
 
 __all__ = [
+    "SETTLE_STEPS_BELOW",
     "LevelPlan",
     "Measured",
     "MeasuredLevel",
@@ -96,6 +97,13 @@ class LevelPlan:
         return dataclasses.replace(
             plan, capacity=True, latency_slos=True, preemption_constraint=False, early_stop=None
         )
+
+
+# The settle point lies this many lattice steps below the best capacity so far: a trial one
+# step below the best scores within the staged line search's tie (one step, 1 %), so it is
+# measured exactly and the line search sees the best's plateau as a full search showed it
+# (docs/tuning.md#14-settling-losing-trials)
+SETTLE_STEPS_BELOW = 1
 
 
 @dataclass(frozen=True)
@@ -167,7 +175,7 @@ async def measure(
             plan.max_levels,
             hint,
             confirm=plan.confirm_capacity,
-            settle=lattice.index(settle.scale) if settle is not None else None,
+            settle=lattice.index(settle.scale) - SETTLE_STEPS_BELOW if settle is not None else None,
         )
         if plan.capacity
         else None
