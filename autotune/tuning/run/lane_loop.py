@@ -131,11 +131,9 @@ async def run_trials(
             # (docs/tuning.md#1-the-capacity-lattice). A settled one is measured there first
             # and ends there when it fails (docs/tuning.md#14-settling-losing-trials).
             noise_rec = study_attrs.read_noise(study)
+            trials_now = study.get_trials(deepcopy=False)  # the bar and the plan's size
             bar = settle_bar(
-                cfg,
-                study.get_trials(deepcopy=False),
-                stage_name,
-                noise_rec.band_pct if noise_rec is not None else None,
+                cfg, trials_now, stage_name, noise_rec.band_pct if noise_rec is not None else None
             )
             try:
                 out = await run_trial(
@@ -153,7 +151,7 @@ async def run_trials(
                             cfg.strategy,
                             bounds,
                             1 + len(cfg.enqueue),
-                            study.get_trials(deepcopy=False),
+                            trials_now,
                         ),
                     ),
                     first_attempt=not attrs.retry_history(frozen),
