@@ -61,6 +61,18 @@ def test_the_band_is_the_larger_spread_and_a_step_when_feasibility_differs() -> 
     assert rec.headroom_spread_pct is None and rec.band_pct == pytest.approx(100 / (301 / 3))
 
 
+def test_an_early_stopped_runs_figures_stay_out_of_the_band() -> None:
+    # a run stopped early (docs/tuning.md#10-early-stop-inside-a-level) served only the part
+    # it replayed: its throughput (here half) is no measure of the server's noise; the
+    # disagreement on feasibility still puts the band at one lattice step at least
+    stopped = NoiseRun(False, 50.0, 5000.0, 20.0, 0.6, whole=False)
+    rec = band_of(3, 1.5, [_run(100, 1.0), stopped, _run(100.5, 1.002)], 1.0)
+    assert rec.throughput_spread_pct == pytest.approx(100 * 0.5 / 100.25)
+    assert rec.band_pct == pytest.approx(1.0) and rec.disagree
+    assert "1 stopped early, figures left out" in rec.text() and "50" not in rec.text()
+    assert NoiseRecord.from_dict(rec.to_dict()) == rec
+
+
 def test_the_record_round_trips_through_its_stored_form() -> None:
     rec = band_of(3, 1.5, [_run(100, 1.0), _run(102, None, held=False), _run(104, 1.1)], 1.0)
     back = NoiseRecord.from_dict(rec.to_dict())

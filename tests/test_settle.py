@@ -22,7 +22,7 @@ from autotune.tuning.measure.level_plan import SettleBar
 from autotune.tuning.measure.scoring import LevelScore
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
-from autotune.tuning.run.settling import settle_bar
+from autotune.tuning.run.settling import settle_bar, tpe_good_group
 
 LAT = Lattice(0.25, 4.0, 0.01)
 
@@ -109,13 +109,12 @@ def test_settled_trials_cost_less_and_keep_the_recommendation(tmp_path: Path) ->
         assert not [t for t in t_off if t.state == "PRUNED"]
         by_number = {t.optuna_trial_number: t for t in t_on}
         for t in settled:
-            # settled against a better trial that ran before it, one lattice step below its
-            # capacity (a trial within a step of the best is measured exactly), after at
-            # most 2 levels
+            # settled against a better trial that ran before it, at its capacity (a trial
+            # that ties the best is measured exactly), after at most 2 levels
             assert t.settled_against is not None and t.settled_against < t.optuna_trial_number
             against = by_number[t.settled_against]
             assert against.feasible and against.capacity_scale is not None
-            assert t.settled_below == pytest.approx(against.capacity_scale / 1.01, rel=1e-9)
+            assert t.settled_below == pytest.approx(against.capacity_scale, rel=1e-9)
             assert 1 <= len(t.levels) <= 2 and not any(lv.feasible for lv in t.levels)
             assert t.objective is None and t.feasible is None
         # the baseline is measured in full
@@ -180,3 +179,37 @@ def test_the_bar_is_the_best_measured_capacity_and_skips_the_baseline(tmp_path: 
     assert settle_bar(off, trials, "max_num_seqs", None) is None
     fixed, _ = config(mode="fixed-rate")
     assert settle_bar(fixed, trials, "max_num_seqs", None) is None
+
+
+def _frozen(number: int, value: float | None, state: TrialState) -> optuna.trial.FrozenTrial:
+    t = optuna.trial.create_trial(
+        state=state,
+        value=value if state == TrialState.COMPLETE else None,
+        system_attrs={"constraints": [0.0]} if state == TrialState.COMPLETE else {},
+        user_attrs={"capacity_scale": value / 100, "capacity_status": "found"} if value else {},
+    )
+    t.number = number
+    return t
+
+
+def test_a_trial_tpe_proposed_is_settled_at_the_edge_of_tpes_good_group() -> None:
+    # docs/tuning.md#14-settling-losing-trials, "What the sampler sees": TPE splits the
+    # finished trials into its good tenth and the rest, and puts pruned trials in the rest;
+    # a joint-stage trial is settled at the last good trial's capacity, so every trial that
+    # could join the good group is measured exactly and TPE's split is what full searches
+    # would give
+    cfg, _ = config()
+    trials = [_frozen(i, 100.0 + i, TrialState.COMPLETE) for i in range(8)]
+    trials += [_frozen(8 + i, None, TrialState.PRUNED) for i in range(3)]
+    # 11 finished: the good group is the best 2 (trials 7 and 6)
+    assert tpe_good_group(11) == 2 and tpe_good_group(10) == 1 and tpe_good_group(400) == 25
+    joint = settle_bar(cfg, trials, "joint", None)
+    assert joint is not None and joint.against == 6 and joint.scale == pytest.approx(1.06)
+    # a line-search stage is settled at the best
+    line = settle_bar(cfg, trials, "max_num_seqs", None)
+    assert line is not None and line.against == 7
+    # fewer feasible complete trials than the good group holds: TPE would fill it with
+    # pruned trials, so nothing is settled
+    few = [_frozen(0, 100.0, TrialState.COMPLETE)]
+    few += [_frozen(1 + i, None, TrialState.PRUNED) for i in range(10)]
+    assert settle_bar(cfg, few, "joint", None) is None

@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.report.best_output import format_recommendation
 from autotune.report.recommend import recommend
-from autotune.store import Store, StudyRecord, TrialRecord
+from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 from autotune.tuning.measure import validate
+from autotune.tuning.measure.candidates import start_of
 from autotune.tuning.measure.interval import summary_of
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo
@@ -492,3 +493,43 @@ def test_runs_start_at_each_configs_capacity_and_find_the_same_answers(tmp_path:
     ]
     assert s_on.verdict == s_off.verdict == "recommend" and s_on.chosen == s_off.chosen == 1
     assert sum(r.levels or 0 for r in r_on) < sum(r.levels or 0 for r in r_off) / 2
+
+
+def _run(
+    repeat: int, trial: int, role: str, cap: float | None, state: str = "COMPLETE"
+) -> RepeatRecord:
+    return RepeatRecord(
+        study_name="t",
+        repeat_index=repeat,
+        position=0,
+        trial_number=trial,
+        role=role,
+        engine_args={},
+        sample="s",
+        workload_seed=0,
+        jitter_seed=0,
+        state=state,
+        slo_held=cap is not None,
+        capacity_scale=cap,
+    )
+
+
+def test_a_candidates_run_starts_where_its_repeats_sample_moved_the_other_candidates() -> None:
+    # docs/tuning.md#7-validation, "Where a run starts": the candidates of one repeat share a
+    # sample and move together; the baseline moves on its own and never moves them
+    study = {0: 1.6, 15: 2.0, 20: 2.1}
+    me = _run(1, 20, "candidate", None, state="PENDING")
+    # nothing measured on this sample yet: the study capacity
+    assert start_of(me, study, []) == 2.1
+    runs = [
+        _run(1, 0, "baseline", 1.76),  # the baseline moved +10 %: not a candidate's move
+        _run(0, 15, "candidate", 1.0),  # another repeat's sample
+        _run(1, 15, "candidate", 1.8, state="RUNNING"),  # not finished
+    ]
+    assert start_of(me, study, runs) == 2.1
+    runs.append(_run(1, 15, "candidate", 1.8))  # this sample moved trial 15 by -10 %
+    assert start_of(me, study, runs) == pytest.approx(2.1 * 0.9)
+    # a candidate that failed on the sample says nothing about where the capacity moved
+    assert start_of(me, study, [_run(1, 15, "candidate", None)]) == 2.1
+    # no study capacity: no start (the search runs from the lattice's ends)
+    assert start_of(me, {}, runs) is None

@@ -94,6 +94,8 @@ def progress_printer() -> OnEvent:
                     f"validation: re-measuring the top configs and the baseline on fresh "
                     f"workload samples ({e.pending} of {e.planned} runs to go)"
                 )
+                for text in e.told_apart:
+                    out.print(f"  not re-measured: {escape(text)}")
             case ValidationRunDone():
                 res = e.result
                 fig = (

@@ -3,12 +3,66 @@ best configs of the search that behaved differently (pure)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.store import TrialRecord
+from autotune.store import RepeatRecord, TrialRecord
 
-__all__ = ["candidates_of", "measured_alike"]
+__all__ = ["candidates_of", "measured_alike", "start_of", "told_apart"]
+
+
+def told_apart(
+    best: TrialRecord, other: TrialRecord, band_pct: float | None, step_pct: float | None
+) -> bool:
+    """The study already told ``other`` from ``best`` (docs/tuning.md#7-validation, "Which
+    configs"): ``best``'s figure (capacity, with ``step_pct`` the lattice's step; else the
+    objective) exceeds ``other``'s by more than the server's noise band plus one step, on
+    the sample and jitter both ran on. Unmeasured noise (``band_pct`` None) tells nothing
+    apart."""
+    if band_pct is None:
+        return False
+    if step_pct is not None and best.capacity_scale and other.capacity_scale:
+        a, b = best.capacity_scale, other.capacity_scale
+    elif best.objective and other.objective:
+        a, b, step_pct = best.objective, other.objective, 0.0
+    else:
+        return False
+    return 100.0 * (a / b - 1.0) > band_pct + (step_pct or 0.0) + 1e-9
+
+
+def start_of(
+    run: RepeatRecord, in_study: Mapping[int, float | None], runs: Sequence[RepeatRecord]
+) -> float | None:
+    """Where validation run ``run`` starts its capacity search (docs/tuning.md#7-validation,
+    "Where a run starts"): its config's capacity in the study (``in_study``, by trial
+    number), moved by how far this repeat's sample moved the other candidates already
+    measured on it (the median ratio of their runs' capacities to their capacities in the
+    study). All runs of a repeat replay one sample, and the candidates, the best configs of
+    one search, meet it alike: a sample heavier than the study's lowers their capacities
+    together (the baseline, a different engine, moves on its own and starts at its study
+    capacity). The start only decides where the search begins, never where it ends."""
+    own = in_study.get(run.trial_number)
+    if own is None:
+        return None
+    moved = []
+    for r in runs:
+        before = in_study.get(r.trial_number)
+        if (
+            r.repeat_index == run.repeat_index
+            and r.role == run.role
+            and r.trial_number != run.trial_number
+            and r.state == "COMPLETE"
+            and r.slo_held
+            and r.capacity_scale is not None
+            and before
+        ):
+            moved.append(r.capacity_scale / before)
+    if not moved:
+        return own
+    shift = statistics.median(moved)
+    return own * shift if math.isfinite(shift) and shift > 0 else own
 
 
 def measured_alike(a: TrialRecord, b: TrialRecord) -> bool:

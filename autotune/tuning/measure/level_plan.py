@@ -99,11 +99,11 @@ class LevelPlan:
         )
 
 
-# The settle point lies this many lattice steps below the best capacity so far: a trial one
-# step below the best scores within the staged line search's tie (one step, 1 %), so it is
-# measured exactly and the line search sees the best's plateau as a full search showed it
-# (docs/tuning.md#14-settling-losing-trials)
-SETTLE_STEPS_BELOW = 1
+# The settle point lies this many lattice steps below the best capacity so far. At the best's
+# own point: a trial that ties the best costs two levels (its point held, the next one up
+# failed) and is measured exactly; one step lower bought no quality and cost two more levels
+# per near tie (docs/tuning.md#14-settling-losing-trials)
+SETTLE_STEPS_BELOW = 0
 
 
 @dataclass(frozen=True)

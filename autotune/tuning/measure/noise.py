@@ -51,6 +51,9 @@ class NoiseRun:
     # 1 / the worst p99 / SLO over the latency SLOs set: the binding latency's headroom
     # (None: no latency SLO is set, offline mode, or one was not measured)
     headroom: float | None
+    # it replayed to its end: an early-stopped run's figures cover only the part it replayed
+    # (docs/tuning.md#10-early-stop-inside-a-level) and are left out of the spreads
+    whole: bool = True
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NoiseRun:
@@ -60,6 +63,7 @@ class NoiseRun:
             _opt(d.get("p99_ttft_ms")),
             _opt(d.get("p99_tpot_ms")),
             _opt(d.get("headroom")),
+            bool(d.get("whole", True)),
         )
 
 
@@ -100,12 +104,14 @@ class NoiseRecord:
         """E.g. "the server's noise band is 2.1 % (trial 0's level 1.23x measured 3 times:
         held in 3 of 3; output tok/s 1,010 … 1,031; headroom to the binding latency SLO
         1.02 … 1.04)"."""
-        tps = [r.output_tok_s for r in self.runs]
-        parts = [
-            f"held in {self.held} of {len(self.runs)}",
-            f"output tok/s {min(tps):,.0f} … {max(tps):,.0f}",
-        ]
-        heads = [r.headroom for r in self.runs if r.headroom is not None]
+        whole = [r for r in self.runs if r.whole]
+        tps = [r.output_tok_s for r in whole]
+        parts = [f"held in {self.held} of {len(self.runs)}"]
+        if len(whole) < len(self.runs):
+            parts.append(f"{len(self.runs) - len(whole)} stopped early, figures left out")
+        if tps:
+            parts.append(f"output tok/s {min(tps):,.0f} … {max(tps):,.0f}")
+        heads = [r.headroom for r in whole if r.headroom is not None]
         if heads:
             parts.append(f"headroom to the binding latency SLO {min(heads):.3f} … {max(heads):.3f}")
         if self.disagree:
@@ -135,12 +141,13 @@ class NoiseRecord:
 
 def band_of(trial: int, scale: float, runs: Sequence[NoiseRun], step_pct: float) -> NoiseRecord:
     """The noise band of ``runs`` (percent): the larger of the spread of their output tok/s
-    and the spread of their binding latency's headroom (:func:`spread_pct`), and at least
-    one lattice step (``step_pct``) when they disagree on feasibility
-    (docs/tuning.md#7-validation)."""
-    tps = spread_pct([r.output_tok_s for r in runs])
-    heads = [r.headroom for r in runs if r.headroom is not None]
-    hs = spread_pct(heads) if len(heads) == len(runs) else None
+    and the spread of their binding latency's headroom (:func:`spread_pct`) over the runs
+    that replayed to their end, and at least one lattice step (``step_pct``) when they
+    disagree on feasibility (docs/tuning.md#7-validation)."""
+    whole = [r for r in runs if r.whole]
+    tps = spread_pct([r.output_tok_s for r in whole])
+    heads = [r.headroom for r in whole if r.headroom is not None]
+    hs = spread_pct(heads) if len(heads) == len(whole) else None
     held = sum(r.held for r in runs)
     floor = step_pct if 0 < held < len(runs) else 0.0
     band = max(tps or 0.0, hs or 0.0, floor)
@@ -214,6 +221,7 @@ async def measure_noise(
                 m.p99_ttft_ms,
                 m.p99_tpot_ms,
                 1.0 / margin if margin is not None and margin > 0 else None,
+                out.stop is None,
             )
         )
     return band_of(trial, scale, runs, 100.0 * plan.lattice.resolution)

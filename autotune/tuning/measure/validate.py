@@ -27,7 +27,12 @@ import numpy as np
 from autotune.config import StudyConfig
 from autotune.errors import StorageError, WorkerStartupError
 from autotune.store import RepeatRecord, Store, TrialRecord
-from autotune.tuning.measure.candidates import candidates_of, measured_alike
+from autotune.tuning.measure.candidates import (
+    candidates_of,
+    measured_alike,
+    start_of,
+    told_apart,
+)
 from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.level_plan import LevelPlan, Measured, measure
@@ -254,26 +259,47 @@ def _capacity_run(run: RepeatRecord, runner: Runner, measured: Measured) -> Repe
     )
 
 
-def _plan(cfg: StudyConfig, store: Store, name: str) -> list[RepeatRecord]:
+def _plan(
+    cfg: StudyConfig, store: Store, name: str, noise: NoiseRecord | None
+) -> tuple[list[RepeatRecord], tuple[str, ...]]:
+    """The phase's runs (planned now unless stored) and, when planned now, why runners-up
+    were left out."""
     runs = store.repeats(name)
     if runs:
-        return runs
+        return runs, ()
     slo = Slo.of(cfg.slo)
     base, cands = candidates_of(
         store.trials(name),
         cfg.strategy.validate_.top_k,
         lambda t: record_rank(cfg.mode, slo, t),
     )
+    # a runner-up the study already told from the best is not re-measured (told_apart)
+    step = 100.0 * cfg.strategy.capacity_resolution if cfg.mode == "slo-capacity" else None
+    band = noise.band_pct if noise is not None else None
+    apart = [c for c in cands[1:] if told_apart(cands[0], c, band, step)]
+    cands = [c for c in cands if c not in apart]
     if base is None or not cands:
-        return []  # nothing to compare: the search's own answer stands
+        return [], ()  # nothing to compare: the search's own answer stands
     try:
         store.add_repeats(plan_runs(cfg, base, cands))
     except StorageError:
         runs = store.repeats(name)
         if not runs:
             raise
-        return runs  # another controller of the study planned it first
-    return store.repeats(name)
+        return runs, ()  # another controller of the study planned it first
+    notes = tuple(
+        f"trial {c.optuna_trial_number} ({_figure(c, step)} against trial "
+        f"{cands[0].optuna_trial_number}'s {_figure(cands[0], step)}): the study told them "
+        f"apart by more than the server's noise band ({band:.1f} %) plus one step"
+        for c in apart
+    )
+    return store.repeats(name), notes
+
+
+def _figure(t: TrialRecord, step: float | None) -> str:
+    if step is not None and t.capacity_scale:
+        return f"capacity x{t.capacity_scale:.3f}"
+    return f"{t.objective or 0.0:,.1f}"
 
 
 async def run_validation(
@@ -294,15 +320,16 @@ async def run_validation(
     if not cfg.strategy.validate_.enabled:
         return ValidationOutcome(0, None, None)
     emit = on_event or (lambda _e: None)
-    runs = _plan(cfg, store, name)
+    runs, apart = _plan(cfg, store, name, noise)
     if not runs:
         return ValidationOutcome(0, None, None)
     pending = [r for r in runs if r.state == "PENDING"]
     if pending:
-        emit(ValidationStart(len(runs), len(pending)))
+        emit(ValidationStart(len(runs), len(pending), apart))
     sample: tuple[int, Workload] | None = None
     made, stopped = 0, None
-    # where each config's runs start their search: its capacity in the study
+    # where each config's runs start their search: its capacity in the study, moved as the
+    # repeat's sample moved the configs measured on it before (start_of)
     capacity = {
         t.optuna_trial_number: t.capacity_scale for t in store.trials(name, with_levels=False)
     }
@@ -332,7 +359,7 @@ async def run_validation(
                 sample[1],
                 rec,
                 f"validate-{rec.repeat_index}-{rec.trial_number:04d}",
-                hint=capacity.get(rec.trial_number) if start_at else None,
+                hint=start_of(rec, capacity, store.repeats(name)) if start_at else None,
             )
         except BaseException:
             store.update_repeat(rec.id, state="PENDING", started_at=None)

@@ -152,6 +152,8 @@ class TrialDone(_OfTrial):
 class ValidationStart:
     planned: int
     pending: int
+    # runners-up the study already told from the best, not re-measured (when just planned)
+    told_apart: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

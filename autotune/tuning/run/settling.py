@@ -5,19 +5,37 @@ A trial that cannot hold the best capacity so far cannot become the recommendati
 search ends there after one level (two after a near miss). The baseline and the configs a
 user enqueued are measured in full; so is every trial of a one-level mode, and every trial
 while no trial's capacity is a measured edge.
+
+A trial TPE proposed (the joint stages) is settled lower: at the capacity of the last trial
+in TPE's good group. TPE ranks trials only to split them into a good group (the best
+``ceil(n / 10)``) and the rest, and puts a pruned trial in the rest; a trial that fails that
+bar belongs to the rest whatever its exact figure, and every trial that could join the good
+group is measured exactly, so settling never changes what TPE learns.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.tuning.measure.level_plan import SettleBar
 from autotune.tuning.search.strategy import best_trial
 
-__all__ = ["SETTLED_STATUSES", "settle_bar"]
+__all__ = ["SETTLED_STATUSES", "TPE_STAGES", "settle_bar", "tpe_good_group"]
+
+# the stages whose trials a TPE sampler proposes from the trials' values (autotune.tuning.
+# search.strategy): the joint refinement of the staged plan, every trial of the joint plan
+TPE_STAGES = ("joint",)
+
+
+def tpe_good_group(n: int) -> int:
+    """How many of ``n`` finished trials TPE's default split counts as good (Optuna's
+    ``default_gamma``: a tenth, rounded up, at most 25)."""
+    return min(math.ceil(0.1 * n), 25)
+
 
 # capacities that are measured edges (or the top of the lattice): a bar to settle against
 SETTLED_STATUSES = ("found", "at_top")
@@ -37,6 +55,23 @@ def settle_bar(
     best = best_trial(trials)
     if best is None or any(v > 0 for v in best.constraints.values()):
         return None  # nothing feasible yet: nothing to settle against
+    if stage in TPE_STAGES:
+        finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        good = sorted(
+            (
+                t
+                for t in finished
+                if t.state == TrialState.COMPLETE
+                and t.value is not None
+                and all(v <= 0 for v in t.constraints.values())
+            ),
+            key=lambda t: (t.value or 0.0, -t.number),
+            reverse=True,
+        )
+        k = tpe_good_group(len(finished))
+        if len(good) < k:
+            return None  # TPE would fill its good group with pruned trials: measure in full
+        best = good[k - 1]
     scale = best.user_attrs.get("capacity_scale")
     status = best.user_attrs.get("capacity_status")
     if scale is None or status not in SETTLED_STATUSES:
