@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import optuna
 import yaml
 
 from autotune.config import parse_config
@@ -123,6 +124,7 @@ def one(path: Path, rules: bool, folder: Path) -> dict[str, Any]:
 
 def main() -> None:
     logging.getLogger("autotune").setLevel(logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=CONFIG)
     a = ap.parse_args()

@@ -25,6 +25,7 @@ from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 from autotune.tuning.measure import validate
 from autotune.tuning.measure.candidates import start_of
 from autotune.tuning.measure.interval import summary_of
+from autotune.tuning.measure.noise import NoiseRecord, NoiseRun, band_of
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo
 from autotune.tuning.measure.validate import run_validation
@@ -533,3 +534,41 @@ def test_a_candidates_run_starts_where_its_repeats_sample_moved_the_other_candid
     assert start_of(me, study, [_run(1, 15, "candidate", None)]) == 2.1
     # no study capacity: no start (the search runs from the lattice's ends)
     assert start_of(me, {}, runs) is None
+
+
+@field("strategy.validate.top_k")
+def test_a_runner_up_the_study_told_apart_is_not_re_measured(tmp_path: Path) -> None:
+    # docs/tuning.md#7-validation, "Which configs": trial 2's capacity lies 3 % below trial
+    # 1's; against a noise band of 0.5 % plus one 1 % step the study told them apart, so only
+    # trial 1 and the baseline are re-measured, and progress says why. With a band of 3 %
+    # (or none measured) both candidates are
+    spec = {0: (1.0, 0.01), 1: (1.3, 0.01), 2: (1.26, 0.01)}
+    caps = {0: 1.0, 1: 1.3, 2: 1.3 / 1.03}
+    seen: dict[Any, set[int]] = {}
+    for band in (0.5, 3.0, None):
+        cfg = _cfg(validate={"top_k": 2, "repeats": 2})
+        with Store.open(f"sqlite:///{tmp_path / f'{band}.db'}") as store:
+            _study(store, cfg, {0: 100.0, 1: 130.0, 2: 126.0})
+            for t in store.trials("t"):
+                assert t.id is not None
+                store.update_trial(t.id, capacity_scale=caps[t.optuna_trial_number])
+            noise = None if band is None else _noise(band)
+            events: list[Any] = []
+            _validate(store, cfg, spec, noise=noise, on_event=events.append)
+            seen[band] = {r.trial_number for r in store.repeats("t")}
+            start = next(e for e in events if type(e).__name__ == "ValidationStart")
+            if band == 0.5:
+                assert (
+                    len(start.told_apart) == 1
+                    and "trial 2 (capacity x1.262" in (start.told_apart[0])
+                )
+            else:
+                assert start.told_apart == ()
+    assert seen[0.5] == {0, 1}
+    assert seen[3.0] == seen[None] == {0, 1, 2}
+
+
+def _noise(band: float) -> NoiseRecord:
+    """A noise record whose band is ``band`` percent (its throughput spread)."""
+    runs = [NoiseRun(True, 100.0 + d * band / 2, 1.0, 1.0, 1.0) for d in (-1, 1)]
+    return band_of(0, 1.0, runs, 1.0)
