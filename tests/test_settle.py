@@ -135,6 +135,12 @@ def test_settled_trials_cost_less_and_keep_the_recommendation(tmp_path: Path) ->
     )
     assert res.exit_code == 0, res.output
     assert "settled" in res.output and "below the best capacity so far" in res.output
+    # study status counts them among the complete trials, and says how many
+    res = CliRunner().invoke(
+        app, ["study", "status", name_on, "--storage", f"sqlite:///{tmp_path / 'on.db'}"]
+    )
+    assert res.exit_code == 0, res.output
+    assert f"complete: 10 of 10 planned ({len(settled)} settled)" in res.output
     # the report and the export say the same, with the trial it was settled against
     md = tmp_path / "r.md"
     url = f"sqlite:///{tmp_path / 'on.db'}"

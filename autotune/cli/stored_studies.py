@@ -158,7 +158,9 @@ def status(name: Annotated[str, typer.Argument()], storage: StorageOpt = None) -
     out.print(running)
     out.print(
         f"claims: {st.claims} ({st.open_claims} open); queued: {st.waiting}; "
-        f"complete: {st.complete} of {st.planned} planned; failed: {st.failed}"
+        f"complete: {st.complete} of {st.planned} planned"
+        + (f" ({st.settled} settled)" if st.settled else "")
+        + f"; failed: {st.failed}"
     )
     for line in st.retries:
         out.print(f"retry: {escape(line)}")

@@ -47,6 +47,9 @@ class StudyStatus:
     failed: int
     planned: int
     retries: list[str] = field(default_factory=list)
+    # of the complete ones, the trials settled below the best so far
+    # (docs/tuning.md#14-settling-losing-trials)
+    settled: int = 0
 
 
 def study_status(store: Store, name: str) -> StudyStatus:
@@ -102,6 +105,7 @@ def study_status(store: Store, name: str) -> StudyStatus:
         failed=sum(1 for t in trials if t.state == TrialState.FAIL),
         planned=planned_total(cfg.strategy, bounds, 1 + len(cfg.enqueue), trials),
         retries=retries,
+        settled=sum(1 for t in trials if t.state == TrialState.PRUNED),
     )
 
 
