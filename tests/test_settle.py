@@ -209,6 +209,10 @@ def test_a_trial_tpe_proposed_is_settled_at_the_edge_of_tpes_good_group() -> Non
     trials += [_frozen(8 + i, None, TrialState.PRUNED) for i in range(3)]
     # 11 finished: the good group is the best 2 (trials 7 and 6)
     assert tpe_good_group(11) == 2 and tpe_good_group(10) == 1 and tpe_good_group(400) == 25
+    # the same split as the TPE sampler the strategy builds (Optuna's default gamma)
+    from optuna.samplers._tpe.sampler import default_gamma
+
+    assert all(tpe_good_group(n) == default_gamma(n) for n in range(500))
     joint = settle_bar(cfg, trials, "joint", None)
     assert joint is not None and joint.against == 6 and joint.scale == pytest.approx(1.06)
     # a line-search stage is settled at the best

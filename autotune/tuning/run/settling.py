@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.tuning.measure.level_plan import SettleBar
-from autotune.tuning.search.strategy import best_trial
+from autotune.tuning.search.strategy import best_trial, feasible_ranked
 
 __all__ = ["SETTLED_STATUSES", "TPE_STAGES", "settle_bar", "tpe_good_group"]
 
@@ -56,19 +56,9 @@ def settle_bar(
     if best is None or any(v > 0 for v in best.constraints.values()):
         return None  # nothing feasible yet: nothing to settle against
     if stage in TPE_STAGES:
-        finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-        good = sorted(
-            (
-                t
-                for t in finished
-                if t.state == TrialState.COMPLETE
-                and t.value is not None
-                and all(v <= 0 for v in t.constraints.values())
-            ),
-            key=lambda t: (t.value or 0.0, -t.number),
-            reverse=True,
-        )
-        k = tpe_good_group(len(finished))
+        finished = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
+        good = feasible_ranked(trials)
+        k = tpe_good_group(finished)
         if len(good) < k:
             return None  # TPE would fill its good group with pruned trials: measure in full
         best = good[k - 1]

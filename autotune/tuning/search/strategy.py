@@ -42,6 +42,7 @@ __all__ = [
     "MEASURED",
     "SETTLED_SCORE",
     "best_trial",
+    "feasible_ranked",
     "fixed_point",
     "grid_points",
     "next_stage",
@@ -146,12 +147,27 @@ def planned_total(
     return min(st.n_trials, enqueued + stages)
 
 
+def feasible_ranked(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The complete feasible trials, best first: the higher objective, then the earlier."""
+    return sorted(
+        (
+            t
+            for t in trials
+            if t.state == TrialState.COMPLETE
+            and t.value is not None
+            and all(v <= 0 for v in t.constraints.values())
+        ),
+        key=lambda t: (t.value or 0.0, -t.number),
+        reverse=True,
+    )
+
+
 def best_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
     """Highest objective among feasible trials; with none feasible, the least violating."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    feasible = [t for t in done if all(v <= 0 for v in t.constraints.values())]
+    feasible = feasible_ranked(trials)
     if feasible:
-        return max(feasible, key=lambda t: (t.value or 0.0, -t.number))
+        return feasible[0]
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     if not done:
         return None
     return min(done, key=lambda t: (sum(max(v, 0.0) for v in t.constraints.values()), t.number))
