@@ -38,6 +38,7 @@ import yaml
 
 from autotune.config import parse_config
 from autotune.store import Store, TrialRecord
+from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.outcome import replay_seconds
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
@@ -97,26 +98,24 @@ def one(path: Path, rules: bool, folder: Path) -> dict[str, Any]:
     text = yaml.safe_dump(d)
     cfg = parse_config(text, str(path))
     url = f"sqlite:///{folder / ('on' if rules else 'off')}.db"
-    store = Store.open(url)
-    create_study(cfg, text, store)
-    run_study(cfg.name, store)
-    trials = store.trials(cfg.name)
-    runs = store.repeats(cfg.name)
-    counted = sum(t.replayed_s or 0.0 for t in trials)
+    with Store.open(url) as store:
+        create_study(cfg, text, store)
+        run_study(cfg.name, store)
+        trials = store.trials(cfg.name)
+        runs = store.repeats(cfg.name)
+    # the product's own counts (docs/cost.md#1-what-is-counted)
+    search, validation, cost = study_cost(trials), study_cost((), runs), study_cost(trials, runs)
     stored = sum(replay_seconds(lv.metrics) for t in trials for lv in t.levels)
     out = split(trials)
     out.update(
         {
             "rules": rules,
-            "trials_replayed_s": round(counted, 1),
+            "trials_replayed_s": round(search.replayed_s, 1),
             "stored_levels_s": round(stored, 1),
-            "validation_replayed_s": round(sum(r.replayed_s or 0.0 for r in runs), 1),
-            "validation_runs": len(runs),
-            "worker_starts": len(trials) + len(runs),
-            "gpu_h": round(
-                sum(u.gpu_s for u in (x.usage for x in [*trials, *runs]) if u is not None) / 3600,
-                2,
-            ),
+            "validation_replayed_s": round(validation.replayed_s, 1),
+            "validation_runs": cost.validation_runs,
+            "worker_starts": cost.worker_starts,
+            "gpu_h": round(cost.gpu_s / 3600, 2),
         }
     )
     return out
