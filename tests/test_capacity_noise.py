@@ -187,7 +187,7 @@ def test_spread_of_monotone_and_flipped_runs() -> None:
 def test_a_noisy_runner_reports_the_majority_boundary_and_its_spread() -> None:
     cfg, _ = config(strategy={"capacity_levels": 24})
     wl = build_workload(cfg.workload)
-    plan = dataclasses.replace(LevelPlan.of(cfg), lattice=LAT, early_stop=None)
+    plan = dataclasses.replace(LevelPlan.of(cfg), lattice=LAT, early_stop=None, lean=0.5)
     runner = ScriptedRunner(levels=jittered_up_to(1.0, seed=11))
     plain = asyncio.run(measure(runner, wl, plan))
     assert plain.capacity is not None and plain.capacity.monotone  # one pass sees no noise

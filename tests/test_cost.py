@@ -36,6 +36,7 @@ from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.outcome import replay_seconds
 from autotune.tuning.measure.trial import TrialSetup, run_trial
 from autotune.tuning.measure.usage import UsageMeter, sim_startup_s
+from autotune.tuning.measure.validation_plan import worker_starts
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.gpu_budget import (
@@ -114,6 +115,29 @@ def test_the_meter_charges_a_simulated_worker_its_model_and_a_real_one_its_lifet
     assert m.last == WorkerUsage(9.0, 9.0, 0.0, 1, False)
 
 
+def test_a_worker_shared_by_runs_is_split_into_parts_that_add_up_to_its_life() -> None:
+    # docs/cost.md#1-what-is-counted: a validation run that leaves its worker to the next
+    # run is charged the worker's cost so far; the start-up goes to the first part
+    m = UsageMeter()
+    m.begin(devices=2)
+    m.started(10.0)
+    m.replayed(5.0)
+    assert m.split(30.0) == WorkerUsage(30.0, 10.0, 5.0, 2, False)
+    m.replayed(7.0)
+    assert m.split(50.0) == WorkerUsage(20.0, 0.0, 7.0, 2, False)
+    assert m.open
+    m.end(lifetime_s=61.0)  # what is left: the idle tail before the stop
+    assert m.last == WorkerUsage(11.0, 0.0, 0.0, 2, False)
+    # a simulated worker: its modelled start-up, then its load, run by run
+    m.begin(devices=1)
+    m.started(65.0)
+    m.replayed(10.0)
+    assert m.split() == WorkerUsage(75.0, 65.0, 10.0, 1, True)
+    m.replayed(20.0)
+    m.end()
+    assert m.last == WorkerUsage(20.0, 0.0, 20.0, 1, True)
+
+
 # -- a study, stored and summed ----------------------------------------------------------
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
@@ -164,7 +188,16 @@ def test_every_worker_of_a_study_is_counted_stored_and_summed(store: Store) -> N
     done = [r for r in repeats if r.state == "COMPLETE"]
     assert done and all(r.usage is not None and r.usage.replayed_s > 0 for r in done)
     cost = study_cost(trials, repeats)
-    assert cost.worker_starts == len(trials) + len(done) and cost.trials == 4
+    # the candidate's two runs (repeat 0's last, repeat 1's first) share one worker: the
+    # second charges no start-up (docs/tuning.md#7-validation, "One worker for a block")
+    started = [r for r in done if r.usage is not None and r.usage.worker_startup_s > 0]
+    assert len(done) == 4 and len(started) == 3
+    kept = [r for r in done if r not in started]
+    assert [(r.repeat_index, r.role) for r in kept] == [(1, "candidate")]
+    for r in done:
+        assert r.usage is not None
+        assert r.usage.worker_s == pytest.approx(r.usage.worker_startup_s + r.usage.replayed_s)
+    assert cost.worker_starts == len(trials) + 3 and cost.trials == 4
     assert cost.trials_gpu_s == pytest.approx(sum(t.usage.gpu_s for t in trials if t.usage))
     assert cost.validation_gpu_s == pytest.approx(sum(r.usage.gpu_s for r in done if r.usage))
     assert cost.gpu_hours == pytest.approx(cost.gpu_s / 3600)
@@ -240,6 +273,32 @@ def test_a_measured_worker_is_charged_its_lifetime_as_proc_records_it(tmp_path: 
     assert math.isclose(u.worker_s, life, rel_tol=0.05), (u, life)
     assert 0 < u.worker_startup_s < u.worker_s and 1.0 < u.replayed_s < u.worker_s
 
+    # one worker serving two runs (docs/tuning.md#7-validation): the first run's part and
+    # what is left at the stop add up to the lifetime /proc records
+    parts = []
+
+    async def shared_worker() -> None:
+        await runner.start({"max_num_seqs": 8}, "validate-0-0001")
+        try:
+            await runner.run_level(wl, 1.0)
+            parts.append(runner.split_usage())
+            assert runner.reseed(7)  # real vLLM brings its own noise: any seed will do
+            await runner.run_level(wl, 1.0)
+            await asyncio.sleep(0.3)
+        finally:
+            await runner.stop()
+        parts.append(runner.usage())
+        assert not runner.reseed(7)  # nothing runs any more
+
+    with ChildLifetimes() as watch:
+        asyncio.run(shared_worker())
+    (life,) = watch.lifetimes.values()
+    first, rest = parts
+    assert first is not None and rest is not None
+    assert first.worker_startup_s > 0 and rest.worker_startup_s == 0
+    assert first.replayed_s > 1.0 and rest.replayed_s > 1.0
+    assert math.isclose(first.worker_s + rest.worker_s, life, rel_tol=0.05), (parts, life)
+
 
 # -- the plan's estimate and the budget ----------------------------------------------------
 def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None:
@@ -289,16 +348,24 @@ def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None
     v = cfg.strategy.validate_
     reps = (v.top_k + 1) * cfg.validation_repeats
     assert est.validation_runs == reps
-    # each run a search from its config's capacity: VALIDATION_LEVELS levels there
-    run = startup + VALIDATION_LEVELS * sum(at) / len(at)
-    assert est.validation_gpu_s == pytest.approx(reps * run)
+    # each run a search from its config's capacity: VALIDATION_LEVELS levels there; a
+    # worker per block of runs (3 configs, 5 rounds: 3 + 4 x 2 starts, docs/tuning.md#7-validation)
+    starts = worker_starts(cfg.validation_repeats, v.top_k + 1)
+    assert starts == 11
+    run = VALIDATION_LEVELS * sum(at) / len(at)
+    assert est.validation_gpu_s == pytest.approx(starts * startup + reps * run)
+    # a `sim` server's noise is fixed at its launch: every run starts one
+    sim, _ = config(strategy=cfg.strategy.model_dump(by_alias=True), worker={"kind": "sim"})
+    assert estimate(sim, model, wl, 24).validation_gpu_s == pytest.approx(reps * (startup + run))
     unsettled, _ = config(strategy={**cfg.strategy.model_dump(by_alias=True), "settle": False})
     plain = estimate(unsettled, model, wl, trials=24)
     assert plain.trial_gpu_s == pytest.approx(est.full)
     ends, _ = config(
         strategy={**cfg.strategy.model_dump(by_alias=True), "validate": {"from_capacity": False}}
     )
-    assert estimate(ends, model, wl, 24).validation_gpu_s == pytest.approx(reps * est.full)
+    assert estimate(ends, model, wl, 24).validation_gpu_s == pytest.approx(
+        starts * startup + reps * levels
+    )
     assert est.text.startswith(f"about {est.gpu_hours:.2f} GPU-hours (24 trials of about ")
     assert estimate(closed, model, build_workload(closed.workload), 3).text.startswith("at least")
 

@@ -248,7 +248,9 @@ def test_cli_end_to_end(backend: str, tmp_path: Path) -> None:
         assert price.startswith("about ") and " GPU-hours (3 trials of about " in price
         # what the workers cost, counted (docs/cost.md): every trial and validation run
         cost = shown["cost"]
-        assert cost["worker_starts"] == 3 + cost["validation_runs"] and cost["gpu_s"] > 0
+        assert cost["worker_starts"] == 3 + cost["validation_starts"] and cost["gpu_s"] > 0
+        # runs of one config in a row share a worker (docs/tuning.md#7-validation)
+        assert 0 < cost["validation_starts"] < cost["validation_runs"]
         assert cost["startup_modelled"] is True and "cost: " in show.output
         exp = runner.invoke(app, ["study", "export", "t", "--format", "json", "--storage", url])
         body = json.loads(exp.output)

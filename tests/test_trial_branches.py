@@ -63,8 +63,12 @@ async def test_a_clean_trial_searches_the_lattice_and_stores_every_level(store: 
     runner = ScriptedRunner(levels=feasible_up_to(2.0))
     out = await trial(store, runner)
     assert out.failure_class is None and out.retry is None
-    assert out.score.feasible and out.score.capacity_scale == pytest.approx(2.0, rel=0.1)
     (rec,) = store.trials("t")
+    # 4 levels (the study's capacity_levels) end on the best feasible point measured, below
+    # the true capacity of 2.0 and within a fifth of it
+    held = [lvl.scale for lvl in rec.levels if lvl.feasible]
+    assert out.score.feasible and out.score.capacity_scale == max(held)
+    assert 1.6 <= max(held) <= 2.0
     assert rec.state == "COMPLETE" and rec.feasible is True and rec.failure_class is None
     assert rec.launch_command == "vllm serve fake" and rec.kv_cache_tokens == 50_000
     assert [lvl.scale for lvl in rec.levels] == levels_run(runner)

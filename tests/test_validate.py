@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 import pytest
-from support.runners import NoisyRunner
+from support.runners import KeepableNoisyRunner, NoisyRunner
 from support.studies import config
 from typer.testing import CliRunner
 
@@ -136,8 +136,9 @@ def test_runs_are_interleaved_on_fresh_samples_of_the_workload(tmp_path: Path) -
     # top_k = 2: the two best configs besides the baseline, three repeats each
     assert sorted({r.trial_number for r in repeats}) == [0, 2, 3] and len(repeats) == 9
     starts = [k for kind, k, *_ in log if kind == "start"]
-    # each repeat runs every config once, the order rotated so drift hits all alike
-    assert starts == [0, 3, 2, 3, 2, 0, 2, 0, 3]
+    # each repeat runs every config once, the order reversed from one repeat to the next so
+    # that drift hits all alike (docs/tuning.md#7-validation, "One worker for a block of runs")
+    assert starts == [0, 3, 2, 2, 3, 0, 0, 3, 2]
     prints = {}
     for kind, key, *rest in log:
         if kind == "level":
@@ -572,3 +573,59 @@ def _noise(band: float) -> NoiseRecord:
     """A noise record whose band is ``band`` percent (its throughput spread)."""
     runs = [NoiseRun(True, 100.0 + d * band / 2, 1.0, 1.0, 1.0) for d in (-1, 1)]
     return band_of(0, 1.0, runs, 1.0)
+
+
+def test_a_block_of_runs_shares_one_worker_that_takes_each_runs_seed(tmp_path: Path) -> None:
+    # docs/tuning.md#7-validation, "One worker for a block of runs": the order reverses from
+    # one repeat to the next (0 3, 3 0, 0 3, 3 0), so a config's run that ends one repeat and
+    # the one that opens the next share a worker, which takes the new run's seed; the figures
+    # are exactly those of a worker started for each run
+    spec = {0: (1.0, 0.05), 3: (1.3, 0.05)}
+    cfg = _cfg(validate={"top_k": 1, "repeats": 4})
+    caps = {}
+    for kind, runner in (("fresh", NoisyRunner), ("kept", KeepableNoisyRunner)):
+        log: list[Any] = []
+        with Store.open(f"sqlite:///{tmp_path / f'{kind}.db'}") as store:
+            _study(store, cfg, {0: 100.0, 3: 130.0})
+            asyncio.run(
+                run_validation(
+                    cfg,
+                    store,
+                    "t",
+                    make_runner=lambda seed, r=runner, lg=log: r(seed, spec, lg),
+                    vocab_size=32000,
+                )
+            )
+            runs = store.repeats("t")
+        caps[kind] = {(r.repeat_index, r.trial_number): r.capacity_scale for r in runs}
+        starts = [e[1] for e in log if e[0] == "start"]
+        stops = [e for e in log if e[0] == "stop"]
+        if kind == "fresh":
+            assert starts == [0, 3, 3, 0, 0, 3, 3, 0]
+        else:
+            assert starts == [0, 3, 0, 3, 0]
+            assert [e[1] for e in log if e[0] == "reseed"] == [3, 0, 3]
+            seeds = {r.repeat_index: r.jitter_seed for r in runs}
+            assert [e[2] for e in log if e[0] == "reseed"] == [seeds[1], seeds[2], seeds[3]]
+        assert len(stops) == len(starts) and log[-1][0] == "stop"  # no worker left running
+    assert caps["kept"] == caps["fresh"] and len(caps["kept"]) == 8
+
+
+def test_a_worker_that_died_is_not_kept_for_the_next_run(tmp_path: Path) -> None:
+    spec = {0: (1.0, 0.05), 3: (1.3, 0.05)}
+    cfg = _cfg(validate={"top_k": 1, "repeats": 2})
+    log: list[Any] = []
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 3: 130.0})
+        asyncio.run(
+            run_validation(
+                cfg,
+                store,
+                "t",
+                make_runner=lambda seed: KeepableNoisyRunner(seed, spec, log, dies_after=1),
+                vocab_size=32000,
+            )
+        )
+    # trial 3's run of repeat 0 saw its worker die: repeat 1's run starts a new one
+    assert [e[1] for e in log if e[0] == "start"] == [0, 3, 3, 0]
+    assert not [e for e in log if e[0] == "reseed"]

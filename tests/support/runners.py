@@ -24,7 +24,13 @@ from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo
 from autotune.workload.core import Workload
 
-__all__ = ["NoisyRunner", "ScriptedRunner", "feasible_up_to", "jittered_up_to"]
+__all__ = [
+    "KeepableNoisyRunner",
+    "NoisyRunner",
+    "ScriptedRunner",
+    "feasible_up_to",
+    "jittered_up_to",
+]
 
 
 def feasible_up_to(capacity: float, n: int = 100) -> Callable[[float], LevelMetrics]:
@@ -157,3 +163,53 @@ class NoisyRunner:
 
     def usage(self) -> WorkerUsage | None:
         return None
+
+
+class KeepableNoisyRunner(NoisyRunner):
+    """A :class:`NoisyRunner` whose started worker serves another run's seed (the
+    ``Keepable`` protocol): a reseeded worker draws the noise a fresh one started for that
+    seed would, so keeping it changes no figure. ``dies_after``: the worker dies after that
+    many levels (its failure is then reported)."""
+
+    def __init__(
+        self,
+        seed: int,
+        spec: Mapping[int, tuple[float, float]],
+        log: list[Any],
+        dies_after: int | None = None,
+    ) -> None:
+        super().__init__(seed, spec, log)
+        self.running = False
+        self.levels, self.dies_after = 0, dies_after
+
+    async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
+        self.running = True
+        return await super().start(engine_args, trial_name)
+
+    async def run_level(
+        self, workload: Workload, scale: float, progress: Any = None
+    ) -> LevelOutcome:
+        self.levels += 1
+        return await super().run_level(workload, scale, progress)
+
+    def failure(self) -> FailureMatch | None:
+        if self.dies_after is not None and self.levels >= self.dies_after:
+            return FailureMatch(FailureClass.UNKNOWN, "died")
+        return None
+
+    def reseed(self, seed: int) -> bool:
+        if not self.running:
+            return False
+        self.seed = seed
+        true, sd = self.spec[self.key]
+        z = np.random.default_rng([self.seed, self.key]).standard_normal()
+        self.noise = float(true * np.exp(sd * z))
+        self.log.append(("reseed", self.key, seed))
+        return True
+
+    def split_usage(self) -> WorkerUsage | None:
+        return WorkerUsage(1.0, 0.0, 1.0, 1, True) if self.running else None
+
+    async def stop(self) -> None:
+        self.running = False
+        await super().stop()

@@ -11,10 +11,14 @@ point and bisects it on the lattice until they are neighbours.
   one only when the middle is infeasible, then bisects: every trial and the baseline get the
   same resolution, whatever ran before them.
 - With a hint it measures the hint and its neighbour first and gallops away from it (steps
-  1, 2, 4, ...) until the bracket closes, then bisects. The bracket narrows only between
-  measured ends, so when feasibility is monotone in load both searches end on the same
-  lattice point. Under noise they need not: a hint at a high load keeps lucky feasible points
-  there, which is why studies search without one.
+  1, 2, 4, ...) until the bracket closes, then bisects. ``climb`` scales the upward steps
+  (3: the hint, then 3, 6, 12, ... points above it): a held level replays to its end and
+  a failed one stops early, so overshooting upwards is the cheap mistake when the capacity
+  may lie several points away (validation runs, docs/tuning.md#7-validation); for the same
+  reason ``lean`` moves bisection's probe above the middle (``LEAN``). The bracket
+  narrows only between measured ends, so when feasibility is monotone in load both searches
+  end on the same lattice point. Under noise they need not: a hint at a high load keeps
+  lucky feasible points there, which is why studies search without one.
 - Settling (docs/tuning.md#14-settling-losing-trials): with a ``settle`` point (the best
   capacity so far) it measures that point first. A configuration that fails there cannot
   become the recommendation: the search ends ``settled``, its capacity only bounded (below
@@ -61,6 +65,10 @@ __all__ = [
 # budget: max_levels ran out first
 # settled: it failed the settle point (the best capacity so far): capacity below it
 Status = Literal["found", "at_top", "below_low", "stopped", "budget", "settled"]
+
+# Bisection's probe, as a fraction of the bracket from its feasible end, where early stop
+# ends a failed level at about a fifth of a held one (docs/tuning.md#1-the-capacity-lattice)
+LEAN = 0.6
 
 # Runs of one point at most: with 3 a majority always exists, and 2 agreeing runs already
 # are one (docs/tuning.md#1-the-capacity-lattice, "Noise").
@@ -193,6 +201,8 @@ class CapacitySearch:
     confirm: bool = False
     # the settle point's lattice index (the best capacity so far), measured first
     settle: int | None = None
+    climb: int = 1  # the upward gallop's first step from a held hint (then doubling)
+    lean: float = 0.5  # bisection's probe in the bracket: 0.5 its middle, rounded down
     runs: dict[int, list[bool]] = field(default_factory=dict)  # every run, by lattice point
     _ok: int | None = None  # bracket: measured feasible (first runs, until a contradiction)
     _bad: int | None = None  # bracket: measured infeasible
@@ -203,6 +213,10 @@ class CapacitySearch:
     def __post_init__(self) -> None:
         if self.max_levels < 2:
             raise ValueError("max_levels must be >= 2")
+        if self.climb < 1:
+            raise ValueError(f"climb must be >= 1, got {self.climb}")
+        if not 0.5 <= self.lean < 1.0:
+            raise ValueError(f"lean must be in [0.5, 1), got {self.lean}")
         if self.settle is not None:
             self.settle = min(max(self.settle, 0), self.lattice.top)
             self.hint = self.lattice.scale(self.settle)
@@ -315,7 +329,9 @@ class CapacitySearch:
         top = self.lattice.top
         ok, bad = self._bracket()
         if ok is not None and bad is not None:
-            return (ok + bad) // 2
+            if self.lean == 0.5:
+                return (ok + bad) // 2
+            return ok + min(bad - ok - 1, max(1, math.ceil((bad - ok) * self.lean - 1e-9)))
         if ok is None and bad is not None and self.hint is None and (top // 2) in self.runs:
             # the middle failed too: bisect towards the bottom as if a point below it held.
             # The bottom is the longest level to replay (at 0.25x, 4x the middle's duration)
@@ -357,7 +373,7 @@ class CapacitySearch:
             return 0
         if bad is None:
             assert ok is not None
-            return min(ok + self._step, top)
+            return min(ok + self._step * self.climb, top)
         return max(bad - self._step, 0)
 
     def result(self) -> CapacityResult:

@@ -22,7 +22,9 @@ class StudyCost:
 
     ``trials_gpu_s`` and ``validation_gpu_s`` split the total; ``replayed_s`` and
     ``startup_s`` are worker seconds (not times devices) of replayed load and of start-ups;
-    ``worker_starts`` counts launches; ``modelled``: some worker was simulated, so its
+    ``worker_starts`` counts launches (every trial's; a validation run's unless it ran on the
+    worker the run before kept, docs/tuning.md#7-validation, which charges no start-up);
+    ``modelled``: some worker was simulated, so its
     start-up is modelled (docs/cost.md#2-the-start-up-model); ``uncounted``: records with a
     worker but no cost (stored before costs were), left out of every figure.
     """
@@ -35,10 +37,11 @@ class StudyCost:
     validation_runs: int
     modelled: bool
     uncounted: int
+    validation_starts: int
 
     @property
     def worker_starts(self) -> int:
-        return self.trials + self.validation_runs
+        return self.trials + self.validation_starts
 
     @property
     def gpu_s(self) -> float:
@@ -60,6 +63,7 @@ class StudyCost:
             "worker_starts": self.worker_starts,
             "trials": self.trials,
             "validation_runs": self.validation_runs,
+            "validation_starts": self.validation_starts,
             "startup_modelled": self.modelled,
             "uncounted": self.uncounted,
             "text": self.text,
@@ -104,6 +108,7 @@ def study_cost(trials: Iterable[TrialRecord], repeats: Iterable[RepeatRecord] = 
         validation_runs=len(v_usage),
         modelled=any(u.cost_modelled for u in every),
         uncounted=t_uncounted + v_uncounted,
+        validation_starts=sum(1 for u in v_usage if u.worker_startup_s > 0),
     )
 
 

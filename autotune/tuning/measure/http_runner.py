@@ -242,3 +242,17 @@ class HttpRunner:
 
     def usage(self) -> WorkerUsage | None:
         return self.meter.last
+
+    def reseed(self, seed: int) -> bool:
+        """Whether the running worker can serve a run of another seed
+        (docs/tuning.md#7-validation): real vLLM brings its own noise, so it can; a ``sim``
+        server's noise is its ``--sim-seed``, fixed at launch, so it cannot."""
+        del seed
+        return self.base_url is not None and self.startup_model is None
+
+    def split_usage(self) -> WorkerUsage | None:
+        """What the running worker cost since its launch or the last split (docs/cost.md)."""
+        if not self.meter.open:
+            return None
+        modelled = self.startup_model is not None
+        return self.meter.split(None if modelled else self.worker.lifetime_s() or 0.0)

@@ -19,7 +19,7 @@ from autotune.failures import FailureMatch
 from autotune.loadgen.client_limit import host_limit_line
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.loadgen.stop_rule import StopRule
-from autotune.tuning.measure.capacity import CapacityResult, CapacitySearch, Lattice
+from autotune.tuning.measure.capacity import LEAN, CapacityResult, CapacitySearch, Lattice
 from autotune.tuning.measure.early_stop import rule_of
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import Redrawable, Runner
@@ -67,6 +67,9 @@ class LevelPlan:
     # re-measure the capacity search's two boundary points to a majority even when its runs
     # never disagreed (docs/tuning.md#1-the-capacity-lattice, "Noise"); False: only then
     confirm_capacity: bool = False
+    # bisection's probe in a bracket (CapacitySearch.lean): above the middle where a failed
+    # level costs less than a held one, which early stop makes so
+    lean: float = 0.5
 
     @classmethod
     def of(
@@ -87,6 +90,7 @@ class LevelPlan:
             # a real server's runs differ run to run; the simulators' do not, so confirming
             # there would spend two identical levels (docs/tuning.md#1-the-capacity-lattice)
             confirm_capacity=cfg.worker.kind == "vllm",
+            lean=LEAN if rule_of(cfg) is not None else 0.5,
         )
 
     @classmethod
@@ -160,11 +164,13 @@ async def measure(
     *,
     hint: float | None = None,
     settle: SettleBar | None = None,
+    climb: int = 1,
     on_start: OnStart | None = None,
     on_level: Callable[[MeasuredLevel], None] | None = None,
 ) -> Measured:
     """Measure the configuration ``runner`` started: one level at 1.0x, or the capacity
-    search from ``hint`` (None: from the lattice's ends), or settled at ``settle``
+    search from ``hint`` (None: from the lattice's ends; ``climb``: its first step up from a
+    held hint, :class:`CapacitySearch`), or settled at ``settle``
     (docs/tuning.md#14-settling-losing-trials). ``on_level`` sees each level as it is
     scored; the run ends at a level the worker died in, or (search) one whose requests are
     too long for max_model_len and nothing else is wrong."""
@@ -176,6 +182,8 @@ async def measure(
             hint,
             confirm=plan.confirm_capacity,
             settle=lattice.index(settle.scale) - SETTLE_STEPS_BELOW if settle is not None else None,
+            climb=climb,
+            lean=plan.lean,
         )
         if plan.capacity
         else None

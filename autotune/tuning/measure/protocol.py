@@ -10,6 +10,7 @@ drift apart, and the only rounding between them is half a study step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,6 +70,9 @@ async def measure_config(
     model, hw = model_of(cfg), get_hardware(cfg.hardware)
     wl = workload or build_workload(cfg.workload, vocab_size=model.vocab_size)
     plan = LevelPlan.of(cfg, resolution=protocol.resolution, max_levels=protocol.max_levels)
+    # bisection at the middle, not a study's lean: a re-measurement spends no GPU time, and
+    # the cached figures were measured so (docs/tuning.md#1-the-capacity-lattice)
+    plan = dataclasses.replace(plan, lean=0.5)
     runner = VirtualRunner(
         model,
         hw,

@@ -21,7 +21,7 @@ from autotune.telemetry.summary import LevelTelemetry
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.workload.core import Workload
 
-__all__ = ["Redrawable", "Runner", "StartInfo", "offered_rate", "with_diagnosis"]
+__all__ = ["Keepable", "Redrawable", "Runner", "StartInfo", "offered_rate", "with_diagnosis"]
 
 
 @dataclass
@@ -83,3 +83,20 @@ class Redrawable(Protocol):
     it stops. Without it a repeat of a level there would replay the same floats."""
 
     def redraw(self, k: int) -> None: ...
+
+
+@runtime_checkable
+class Keepable(Protocol):
+    """A runner whose started worker can serve several validation runs of one config in a
+    row (docs/tuning.md#7-validation, "One worker for a block of runs").
+
+    ``reseed(seed)``: the next levels draw the noise a worker started for ``seed`` would,
+    and the answer says whether they can (False: the worker's noise was fixed at its
+    launch, so the next run needs a worker of its own). ``split_usage()``: what the running
+    worker cost since its launch or the previous split (the start-up goes to the first
+    part); it keeps running, and :meth:`Runner.usage` after the stop is what is left, so the
+    parts add up to its whole lifetime (docs/cost.md#1-what-is-counted)."""
+
+    def reseed(self, seed: int) -> bool: ...
+
+    def split_usage(self) -> WorkerUsage | None: ...

@@ -39,7 +39,8 @@ def sim_startup_s(
 
 class UsageMeter:
     """One worker at a time: :meth:`begin` at its launch, :meth:`started` once it serves,
-    :meth:`replayed` for each level, :meth:`end` once it has exited."""
+    :meth:`replayed` for each level, :meth:`split` between the runs that share it, :meth:`end`
+    once it has exited."""
 
     def __init__(self) -> None:
         self._last: WorkerUsage | None = None
@@ -47,6 +48,7 @@ class UsageMeter:
         self._devices = 1
         self._startup_s: float | None = None
         self._replayed_s = 0.0
+        self._charged: WorkerUsage | None = None  # what split() handed out so far
 
     def begin(self, devices: int) -> None:
         """A worker is being launched: from now on :attr:`last` is its cost, never an
@@ -54,6 +56,18 @@ class UsageMeter:
         self._last = None
         self._open, self._devices = True, devices
         self._startup_s, self._replayed_s = None, 0.0
+        self._charged = None
+
+    def split(self, lifetime_s: float | None = None) -> WorkerUsage:
+        """The running worker's cost since its launch or the previous split, for a run that
+        is done with it while the next run keeps it (docs/cost.md#1-what-is-counted): the
+        start-up goes to the first part. ``lifetime_s``: a real worker's launch-to-now
+        seconds; None: a simulated one. The parts and :attr:`last` after :meth:`end` add up
+        to the whole lifetime."""
+        whole = self._whole(lifetime_s)
+        part = _minus(whole, self._charged)
+        self._charged = whole
+        return part
 
     def started(self, startup_s: float) -> None:
         """The worker's start-up: what it reported (a real worker), or its modelled start
@@ -70,14 +84,19 @@ class UsageMeter:
         if not self._open:
             return
         self._open = False
+        # after splits, what is left since the last one
+        self._last = _minus(self._whole(lifetime_s), self._charged)
+
+    def _whole(self, lifetime_s: float | None) -> WorkerUsage:
+        """The worker's cost from its launch to now (``lifetime_s``: measured; None: a
+        simulated worker, its start-up plus its load)."""
         if lifetime_s is None:
             startup = self._startup_s or 0.0
-            self._last = WorkerUsage(
+            return WorkerUsage(
                 startup + self._replayed_s, startup, self._replayed_s, self._devices, True
             )
-            return
         startup = self._startup_s if self._startup_s is not None else lifetime_s
-        self._last = WorkerUsage(
+        return WorkerUsage(
             lifetime_s, min(startup, lifetime_s), self._replayed_s, self._devices, False
         )
 
@@ -89,3 +108,16 @@ class UsageMeter:
     def last(self) -> WorkerUsage | None:
         """The last ended worker's cost (None before any)."""
         return self._last
+
+
+def _minus(whole: WorkerUsage, charged: WorkerUsage | None) -> WorkerUsage:
+    """``whole`` less what was already ``charged`` to earlier runs on the same worker."""
+    if charged is None:
+        return whole
+    return WorkerUsage(
+        max(0.0, whole.worker_s - charged.worker_s),
+        max(0.0, whole.worker_startup_s - charged.worker_startup_s),
+        max(0.0, whole.replayed_s - charged.replayed_s),
+        whole.devices_held,
+        whole.cost_modelled,
+    )

@@ -60,6 +60,18 @@ class VirtualRunner:
         study's own stream (docs/tuning.md#2-common-random-numbers)."""
         self.draw = k
 
+    def reseed(self, seed: int) -> bool:
+        """The running worker's next levels draw the jitter of ``seed``, as a worker started
+        for it would (docs/tuning.md#7-validation); False when none is running."""
+        if self.args is None:
+            return False
+        self.seed, self.draw = seed, 0
+        return True
+
+    def split_usage(self) -> WorkerUsage | None:
+        """What the running worker cost since its start or the last split (docs/cost.md)."""
+        return self.meter.split() if self.meter.open else None
+
     async def start(self, engine_args: Mapping[str, Any], trial_name: str) -> StartInfo:
         every = {**self.static, **engine_args}
         self.meter.begin(devices_held(every))

@@ -28,6 +28,7 @@ from autotune.tuning.measure.cost import StudyCost
 from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.noise import NOISE_RUNS
 from autotune.tuning.measure.usage import sim_startup_s
+from autotune.tuning.measure.validation_plan import worker_starts
 from autotune.workers.devices import devices_held
 from autotune.workload.core import Workload
 from autotune.workload.sustain import copies_needed
@@ -126,7 +127,9 @@ def search_scales(plan: LevelPlan, position: float = 0.5) -> list[float]:
         return [1.0]
     lattice = plan.lattice
     capacity = lattice.low * (lattice.high / lattice.low) ** position
-    search = CapacitySearch(lattice, plan.max_levels, None, confirm=plan.confirm_capacity)
+    search = CapacitySearch(
+        lattice, plan.max_levels, None, confirm=plan.confirm_capacity, lean=plan.lean
+    )
     scales = []
     while (k := search.next_index()) is not None:
         s = lattice.scale(k)
@@ -154,7 +157,15 @@ def estimate(cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int) -
     search_s = sum(s for levels in searches for s, _ in levels) / len(searches)
     lower = any(low for levels in searches for _, low in levels)
     full = devices * (startup + search_s)
-    trial, run = full, full
+    v = st.validate_
+    runs = (v.top_k + 1) * cfg.validation_repeats if v.enabled else 0
+    # a block of runs shares one worker (docs/tuning.md#7-validation) except on a `sim`
+    # server, whose noise is fixed at launch: each run is charged its share of the starts
+    starts = (
+        runs if cfg.worker.kind == "sim" else worker_starts(cfg.validation_repeats, v.top_k + 1)
+    )
+    run_startup = startup * starts / runs if runs else startup
+    trial, run = full, devices * (run_startup + search_s)
     if plan.capacity:
         lat = plan.lattice
         at = [
@@ -166,12 +177,10 @@ def estimate(cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int) -
         if st.settle:
             trial = devices * (startup + SETTLE_LEVELS * at_capacity)
         if st.validate_.from_capacity:
-            run = devices * (startup + VALIDATION_LEVELS * at_capacity)
+            run = devices * (run_startup + VALIDATION_LEVELS * at_capacity)
     # the baseline's boundary level twice more, once per study (the server's noise)
     boundary = level_seconds(wl, 1.0, st.min_level_s, st.min_level_requests)[0]
     noise = devices * (NOISE_RUNS - 1) * boundary
-    v = st.validate_
-    runs = (v.top_k + 1) * cfg.validation_repeats if v.enabled else 0
     return CostEstimate(trials, trial, noise, runs, lower, full, run)
 
 
