@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -40,8 +41,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,7 +58,9 @@ from validation_check import search_only, search_only_figures, validation_figure
 from autotune.config import StudyConfig
 from autotune.report.recommend import recommend
 from autotune.store import RepeatRecord, Store, TrialRecord
+from autotune.tuning.measure.capacity import LEAN
 from autotune.tuning.measure.cost import StudyCost, study_cost
+from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.outcome import replay_seconds
 from autotune.tuning.measure.protocol import GROUND_TRUTH, measure_config
 from autotune.tuning.run.controller import run_study
@@ -74,6 +79,20 @@ def _quiet() -> None:
     warnings.simplefilter("ignore")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("autotune").setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def lean_kept() -> Iterator[None]:
+    """Without early stop a study bisects at the middle (docs/tuning.md#1-the-capacity-lattice,
+    "Where bisection probes"); the early-stop comparison keeps the lean of the studies with
+    it, so that the two runs measure the same levels and only the stop rule differs."""
+    of = LevelPlan.of
+
+    def leaning(cls: type[LevelPlan], cfg: StudyConfig, **kw: Any) -> LevelPlan:
+        return dataclasses.replace(of(cfg, **kw), lean=LEAN)
+
+    with mock.patch.object(LevelPlan, "of", classmethod(leaning)):
+        yield
 
 
 def strategy_config(name: str, n_trials: int, early_stop: bool = True) -> dict[str, Any]:
@@ -124,6 +143,8 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         # without early stop every level replays to its end: measure the oracle's stops too
         oracle = None if early else stack.enter_context(oracle_replay(scenario_config(name)[0]))
+        if not early:
+            stack.enter_context(lean_kept())
         cfg, trials, repeats, wall, cost, planned = costed_study(
             name, strategy_config(strategy, n_trials, early), seed
         )
