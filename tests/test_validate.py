@@ -6,9 +6,10 @@ study on the in-process simulator through the controller and the CLI."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,15 @@ def _study(store: Store, cfg: Any, objectives: Mapping[int, float]) -> None:
 
 
 def _validate(store: Store, cfg: Any, spec: Mapping[int, tuple[float, float]], **kw: Any) -> Any:
+    """The phase on ``runner`` (default :class:`NoisyRunner`) workers, logging to ``log``."""
     log: list[Any] = kw.pop("log", [])
+    runner: Callable[..., Any] = kw.pop("runner", NoisyRunner)
     return asyncio.run(
         run_validation(
             cfg,
             store,
             "t",
-            make_runner=lambda seed: NoisyRunner(seed, spec, log),
+            make_runner=lambda seed: runner(seed, spec, log),
             vocab_size=32000,
             **kw,
         )
@@ -587,15 +590,7 @@ def test_a_block_of_runs_shares_one_worker_that_takes_each_runs_seed(tmp_path: P
         log: list[Any] = []
         with Store.open(f"sqlite:///{tmp_path / f'{kind}.db'}") as store:
             _study(store, cfg, {0: 100.0, 3: 130.0})
-            asyncio.run(
-                run_validation(
-                    cfg,
-                    store,
-                    "t",
-                    make_runner=lambda seed, r=runner, lg=log: r(seed, spec, lg),
-                    vocab_size=32000,
-                )
-            )
+            _validate(store, cfg, spec, log=log, runner=runner)
             runs = store.repeats("t")
         caps[kind] = {(r.repeat_index, r.trial_number): r.capacity_scale for r in runs}
         starts = [e[1] for e in log if e[0] == "start"]
@@ -617,15 +612,8 @@ def test_a_worker_that_died_is_not_kept_for_the_next_run(tmp_path: Path) -> None
     log: list[Any] = []
     with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
         _study(store, cfg, {0: 100.0, 3: 130.0})
-        asyncio.run(
-            run_validation(
-                cfg,
-                store,
-                "t",
-                make_runner=lambda seed: KeepableNoisyRunner(seed, spec, log, dies_after=1),
-                vocab_size=32000,
-            )
-        )
+        dying = functools.partial(KeepableNoisyRunner, dies_after=1)
+        _validate(store, cfg, spec, log=log, runner=dying)
     # trial 3's run of repeat 0 saw its worker die: repeat 1's run starts a new one
     assert [e[1] for e in log if e[0] == "start"] == [0, 3, 3, 0]
     assert not [e for e in log if e[0] == "reseed"]
