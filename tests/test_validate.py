@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -617,3 +618,21 @@ def test_a_worker_that_died_is_not_kept_for_the_next_run(tmp_path: Path) -> None
     # trial 3's run of repeat 0 saw its worker die: repeat 1's run starts a new one
     assert [e[1] for e in log if e[0] == "start"] == [0, 3, 3, 0]
     assert not [e for e in log if e[0] == "reseed"]
+
+
+def test_a_run_searches_every_other_point_of_the_studys_lattice(tmp_path: Path) -> None:
+    # a run's lattice (docs/tuning.md#7-validation, "A run's resolution"): the study's own
+    # points, every RUN_STEPS-th from capacity_low, and the interval floored at that step
+    spec = {0: (1.0, 0.05), 1: (1.3, 0.05)}
+    cfg = _cfg(validate={"top_k": 1, "repeats": 4})
+    low, step = cfg.strategy.capacity_low, cfg.strategy.capacity_resolution
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        _study(store, cfg, {0: 100.0, 1: 130.0})
+        out = _validate(store, cfg, spec)
+        runs = store.repeats("t")
+    assert len(runs) == 8 and all(r.capacity_scale for r in runs)
+    points = [math.log(r.capacity_scale / low) / math.log1p(step) for r in runs]
+    assert all(abs(k - round(k)) < 1e-6 and round(k) % 2 == 0 for k in points)
+    assert len({round(k) for k in points}) > 2  # the fresh samples moved the capacities
+    iv = out.summary.candidate(1).interval
+    assert iv.sd_used >= 100 * ((1 + step) ** 2 - 1) - 1e-9

@@ -4,7 +4,7 @@ The validation phase re-measures the study's top configs and the baseline on fre
 samples with fresh jitter. Runs of one repeat share their workload sample, so each candidate
 gets one *paired* gain per repeat, ``100 * (figure / baseline figure - 1)``, and a Student
 t-interval of the mean paired gain. The per-pair standard deviation is floored (at one
-capacity-lattice step by default): capacities sit on the lattice, so paired differences can
+step of a run's lattice by default): capacities sit on the lattice, so paired differences can
 be exactly equal and a zero-width interval would claim certainty the lattice cannot give.
 
 The verdict (:mod:`autotune.tuning.measure.verdict`) holds every config, the baseline included, to
@@ -31,6 +31,7 @@ from autotune.config import StudyConfig
 from autotune.store.records import RepeatRecord, TrialRecord
 from autotune.tuning.measure.noise import NoiseRecord
 from autotune.tuning.measure.tdist import t_quantile, t_two_sided
+from autotune.tuning.measure.validation_plan import run_resolution
 from autotune.tuning.measure.verdict import Contender, Held, Verdict, held_in_study, verdict_of
 
 __all__ = [
@@ -375,8 +376,10 @@ def summary_of(
         repeats=max(r.repeat_index for r in repeats) + 1,
         runs_planned=len(repeats),
         confidence=v.confidence,
-        # one capacity-lattice step, in percent: the finest gain the protocol resolves
-        sd_floor=100.0 * cfg.strategy.capacity_resolution,
+        # one step of a run's lattice, in percent: the finest gain its runs resolve (one
+        # study step in the one-level modes, whose runs measure no lattice)
+        sd_floor=100.0
+        * (run_resolution(cfg) if cfg.mode == "slo-capacity" else cfg.strategy.capacity_resolution),
         max_overlength_rate=cfg.slo.max_overlength_rate,
         study_held={
             t.optuna_trial_number: held_in_study(t)

@@ -21,7 +21,16 @@ from autotune.config import StudyConfig
 from autotune.store import RepeatRecord, TrialRecord
 from autotune.workload.build import sample_description
 
-__all__ = ["ROUNDS", "block_size", "plan_runs", "repeat_seeds", "run_order", "worker_starts"]
+__all__ = [
+    "ROUNDS",
+    "RUN_STEPS",
+    "block_size",
+    "plan_runs",
+    "repeat_seeds",
+    "run_order",
+    "run_resolution",
+    "worker_starts",
+]
 
 _TAG = 0x76616C69  # "vali": keeps validation seeds apart from every other seed of a study
 _MASK = 0xFFFFFFFF
@@ -30,6 +39,18 @@ _MASK = 0xFFFFFFFF
 # capacity run), 20 one-level repeats four (docs/tuning.md#7-validation, "One worker for a
 # block of runs").
 ROUNDS = 5
+
+# A run's capacity search steps over every RUN_STEPS-th point of the study's lattice
+# (docs/tuning.md#7-validation, "A run's resolution"): a fresh sample moves a capacity by
+# several steps, so one step's precision per run buys nothing the interval can see, and a
+# coarser lattice saves a bisection level in every run.
+RUN_STEPS = 2
+
+
+def run_resolution(cfg: StudyConfig) -> float:
+    """The lattice resolution of a validation run: RUN_STEPS of the study's steps, so that
+    its points are the study's own (every RUN_STEPS-th one from ``capacity_low``)."""
+    return (1.0 + cfg.strategy.capacity_resolution) ** RUN_STEPS - 1.0
 
 
 def block_size(repeats: int) -> int:

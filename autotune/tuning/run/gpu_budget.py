@@ -115,9 +115,9 @@ CAPACITY_POSITIONS = (0.2, 0.4, 0.6, 0.8)
 # capacity so far, two for a tie, more for a new best (docs/cost.md#3-the-plan-and-the-budget)
 SETTLE_LEVELS = 2
 # Levels of a validation run that starts at its config's capacity: the capacity and the next
-# point up, and the gallop and bisection to where a fresh sample moved it (2 to 8 on the
-# quickstart, docs/cost.md#3-the-plan-and-the-budget)
-VALIDATION_LEVELS = 5
+# point up, and the gallop and bisection on the run's lattice to where a fresh sample moved it
+# (2 to 6 on the quickstart, 3.6 on average; docs/cost.md#3-the-plan-and-the-budget)
+VALIDATION_LEVELS = 4
 
 
 def search_scales(plan: LevelPlan, position: float = 0.5) -> list[float]:
