@@ -15,7 +15,8 @@ searched from the lattice's ends), and splits each run's stored search levels:
 Validation runs are counted whole (their levels are not stored). The figures are the
 product's own counts (docs/cost.md); the check beside them is the sum of the stored levels'
 replayed seconds, which the trials' counted replayed seconds exceed only by the baseline's
-noise re-runs (counted, not stored as levels). Ends with one JSON
+noise re-runs (counted, not stored as levels). ``floor_gpu_h`` (rules on) is a perfect-foresight bound for the
+same trials, from the run's stored levels (docs/cost.md#4-measured). Ends with one JSON
 line. Usage: python benchmarks/replay_budget.py [--config configs/quickstart.yaml]
 """
 
@@ -88,6 +89,27 @@ def split(trials: list[TrialRecord]) -> dict[str, Any]:
     return {"by_outcome": dict(by_outcome), "levels": dict(levels), "by_level": dict(by_level)}
 
 
+def floor_s(trials: list[TrialRecord], runs: list[Any], startup_s: float) -> float | None:
+    """A perfect-foresight bound (docs/cost.md#4-measured): the same starts, each trial
+    replaying only its edge (the level at its capacity and the failed one above it) or, when
+    it has no capacity (settled), its first level, and each validation run only two levels,
+    as the cheapest two-level run did. None without a two-level run."""
+    two = [r.replayed_s for r in runs if r.levels == 2 and r.replayed_s is not None]
+    if not two:
+        return None
+    search = 0.0
+    for t in trials:
+        levels = sorted(t.levels, key=lambda lv: lv.level_index)
+        cap = t.capacity_scale
+        if cap is None:
+            search += replay_seconds(levels[0].metrics) if levels else 0.0
+            continue
+        at = [lv for lv in levels if math.isclose(lv.scale, cap, rel_tol=1e-9)]
+        up = sorted((lv for lv in levels if lv.scale > cap * (1 + 1e-9)), key=lambda lv: lv.scale)
+        search += sum(replay_seconds(lv.metrics) for lv in (at[:1] + up[:1]))
+    return startup_s + search + len(runs) * min(two)
+
+
 def one(path: Path, rules: bool, folder: Path) -> dict[str, Any]:
     d = yaml.safe_load(path.read_text())
     st = d.setdefault("strategy", {})
@@ -118,6 +140,8 @@ def one(path: Path, rules: bool, folder: Path) -> dict[str, Any]:
             "gpu_h": round(cost.gpu_s / 3600, 2),
         }
     )
+    floor = floor_s(trials, runs, cost.startup_s)
+    out["floor_gpu_h"] = round(floor / 3600, 2) if floor is not None else None
     return out
 
 
@@ -140,8 +164,14 @@ def main() -> None:
     print("by level")
     for k in ("edge", "other feasible", "other infeasible"):
         print(f"  {k:18s} {off['by_level'].get(k, 0.0):16.0f} {on['by_level'].get(k, 0.0):16.0f}")
-    for k in ("trials_replayed_s", "stored_levels_s", "validation_replayed_s", "gpu_h"):
-        print(f"  {k:22s} {off[k]:12} {on[k]:16}")
+    for k in (
+        "trials_replayed_s",
+        "stored_levels_s",
+        "validation_replayed_s",
+        "gpu_h",
+        "floor_gpu_h",
+    ):
+        print(f"  {k:22s} {off[k] if off[k] is not None else '-':>12} {on[k]:>16}")
     # the noise re-runs of the baseline (docs/tuning.md#7-validation) are counted, not stored
     assert all(r["stored_levels_s"] <= r["trials_replayed_s"] + 1 for r in (off, on))
     print(json.dumps({"bench": "replay_budget", "config": a.config.name, "off": off, "on": on}))
