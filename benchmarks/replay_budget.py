@@ -15,9 +15,10 @@ searched from the lattice's ends), and splits each run's stored search levels:
 Validation runs are counted whole (their levels are not stored). The figures are the
 product's own counts (docs/cost.md); the check beside them is the sum of the stored levels'
 replayed seconds, which the trials' counted replayed seconds exceed only by the baseline's
-noise re-runs (counted, not stored as levels). ``floor_gpu_h`` (rules on) is a perfect-foresight bound for the
-same trials, from the run's stored levels (docs/cost.md#4-measured). Ends with one JSON
-line. Usage: python benchmarks/replay_budget.py [--config configs/quickstart.yaml]
+noise re-runs (counted, not stored as levels). ``floor_gpu_h`` (rules on) is a
+perfect-foresight bound for the same trials, from the run's stored levels
+(docs/cost.md#4-measured). Ends with one JSON line.
+Usage: python benchmarks/replay_budget.py [--config configs/quickstart.yaml]
 """
 
 from __future__ import annotations
