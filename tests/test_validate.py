@@ -631,8 +631,9 @@ def test_a_run_searches_every_other_point_of_the_studys_lattice(tmp_path: Path) 
         out = _validate(store, cfg, spec)
         runs = store.repeats("t")
     assert len(runs) == 8 and all(r.capacity_scale for r in runs)
-    points = [math.log(r.capacity_scale / low) / math.log1p(step) for r in runs]
-    assert all(abs(k - round(k)) < 1e-6 and round(k) % 2 == 0 for k in points)
-    assert len({round(k) for k in points}) > 2  # the fresh samples moved the capacities
+    points = [round(math.log(r.capacity_scale / low) / math.log1p(step)) for r in runs]
+    assert [r.capacity_scale for r in runs] == [low * (1 + step) ** k for k in points]
+    assert all(k % 2 == 0 for k in points)
+    assert len(set(points)) > 2  # the fresh samples moved the capacities
     iv = out.summary.candidate(1).interval
     assert iv.sd_used >= 100 * ((1 + step) ** 2 - 1) - 1e-9

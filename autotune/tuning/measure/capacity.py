@@ -1,11 +1,12 @@
 """The capacity lattice and the search on it (pure; docs/tuning.md#1-the-capacity-lattice).
 
 Loads lie on the fixed lattice ``low * (1 + resolution)^k`` for ``k = 0..top`` (the last
-point not above ``high``). A configuration's capacity is the highest lattice point that is
-feasible and whose next point up is infeasible; both points are measured. A point is
-feasible when it held in the majority of its runs (one run, until a point is re-measured).
-The search keeps a bracket ``[ok, bad]`` of a measured feasible and a measured infeasible
-point and bisects it on the lattice until they are neighbours.
+point not above ``high``; :mod:`autotune.tuning.measure.lattice`). A configuration's
+capacity is the highest lattice point that is feasible and whose next point up is
+infeasible; both points are measured. A point is feasible when it held in the majority of
+its runs (one run, until a point is re-measured). The search keeps a bracket ``[ok, bad]``
+of a measured feasible and a measured infeasible point and bisects it on the lattice until
+they are neighbours.
 
 - Without a hint it measures the top point, then the middle one (by index), then the bottom
   one only when the middle is infeasible, then bisects: every trial and the baseline get the
@@ -46,6 +47,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from autotune.tuning.measure.lattice import Lattice
+
 __all__ = [
     "MAX_RUNS",
     "REMEASURE_RUNS",
@@ -75,36 +78,6 @@ LEAN = 0.6
 MAX_RUNS = 3
 # Re-runs (runs of a point after its first) per search: 2 more of each boundary point.
 REMEASURE_RUNS = 2 * (MAX_RUNS - 1)
-
-
-@dataclass(frozen=True)
-class Lattice:
-    low: float
-    high: float
-    resolution: float
-
-    def __post_init__(self) -> None:
-        if not (self.low > 0 and self.high >= self.low):
-            raise ValueError(f"need 0 < low <= high, got low={self.low}, high={self.high}")
-        if not self.resolution > 0:
-            raise ValueError(f"resolution must be > 0, got {self.resolution}")
-
-    @property
-    def top(self) -> int:
-        """Index of the highest lattice point (not above ``high``)."""
-        return math.floor(math.log(self.high / self.low) / math.log1p(self.resolution) + 1e-9)
-
-    def scale(self, k: int) -> float:
-        if not 0 <= k <= self.top:
-            raise ValueError(f"lattice index {k} outside 0..{self.top}")
-        return self.low * (1.0 + self.resolution) ** k
-
-    def index(self, scale: float) -> int:
-        """The lattice point nearest ``scale`` (clipped to the lattice)."""
-        if scale <= 0:
-            return 0
-        k = round(math.log(scale / self.low) / math.log1p(self.resolution))
-        return min(max(k, 0), self.top)
 
 
 @dataclass(frozen=True)

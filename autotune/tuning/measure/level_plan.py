@@ -42,11 +42,12 @@ __all__ = [
 OnStart = Callable[[float], Callable[[ProgressSnapshot], None] | None]
 
 
-def lattice_of(cfg: StudyConfig, resolution: float | None = None) -> Lattice:
-    """The capacity lattice of ``cfg`` (``resolution``: another step than the study's)."""
+def lattice_of(cfg: StudyConfig, resolution: float | None = None, stride: int = 1) -> Lattice:
+    """The capacity lattice of ``cfg`` (``resolution``: another step than the study's;
+    ``stride``: every stride-th of its points)."""
     st = cfg.strategy
     step = st.capacity_resolution if resolution is None else resolution
-    return Lattice(st.capacity_low, st.capacity_high, step)
+    return Lattice(st.capacity_low, st.capacity_high, step, stride)
 
 
 @dataclass(frozen=True)
@@ -73,16 +74,22 @@ class LevelPlan:
 
     @classmethod
     def of(
-        cls, cfg: StudyConfig, *, resolution: float | None = None, max_levels: int | None = None
+        cls,
+        cfg: StudyConfig,
+        *,
+        resolution: float | None = None,
+        max_levels: int | None = None,
+        stride: int = 1,
     ) -> LevelPlan:
         """The plan of ``cfg``'s trials; ``resolution`` and ``max_levels`` override the
-        strategy's (a stricter re-measurement, docs/tuning.md#5-re-measurement-and-ground-truth)."""
+        strategy's (a stricter re-measurement, docs/tuning.md#5-re-measurement-and-ground-truth),
+        ``stride`` keeps every stride-th point of the lattice (a validation run's)."""
         return cls(
             capacity=cfg.mode == "slo-capacity",
             slo=Slo.of(cfg.slo),
             latency_slos=cfg.mode != "offline",
             preemption_constraint=cfg.telemetry.preemption_constraint,
-            lattice=lattice_of(cfg, resolution),
+            lattice=lattice_of(cfg, resolution, stride),
             max_levels=cfg.strategy.capacity_levels if max_levels is None else max_levels,
             early_stop=rule_of(cfg),
             min_level_s=cfg.strategy.min_level_s,

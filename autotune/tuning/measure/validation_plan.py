@@ -48,8 +48,8 @@ RUN_STEPS = 2
 
 
 def run_resolution(cfg: StudyConfig) -> float:
-    """The lattice resolution of a validation run: RUN_STEPS of the study's steps, so that
-    its points are the study's own (every RUN_STEPS-th one from ``capacity_low``)."""
+    """The step of a validation run's lattice, as a resolution: RUN_STEPS of the study's
+    steps (its points are the study's own, every RUN_STEPS-th from ``capacity_low``)."""
     return (1.0 + cfg.strategy.capacity_resolution) ** RUN_STEPS - 1.0
 
 

@@ -17,7 +17,7 @@ from autotune.store import RepeatRecord, WorkerUsage
 from autotune.tuning.measure.level_plan import LevelPlan, Measured, measure
 from autotune.tuning.measure.runner_protocol import Keepable, Runner
 from autotune.tuning.measure.scoring import worst_slo_margin
-from autotune.tuning.measure.validation_plan import run_resolution
+from autotune.tuning.measure.validation_plan import RUN_STEPS
 from autotune.workload.core import Workload
 
 __all__ = ["CLIMB", "RESULT_FIELDS", "measure_block_run", "measure_run", "single_run"]
@@ -112,7 +112,7 @@ async def measure_block_run(
     keep: bool,
 ) -> tuple[RepeatRecord, bool]:
     """:func:`measure_run`, and whether the worker was kept running."""
-    plan = LevelPlan.of(cfg, resolution=run_resolution(cfg))
+    plan = LevelPlan.of(cfg, stride=RUN_STEPS)
     slo = plan.slo
     plan = dataclasses.replace(plan, slo=dataclasses.replace(slo, max_overlength_rate=1.0))
     if not started:
