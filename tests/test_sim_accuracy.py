@@ -1,0 +1,86 @@
+"""The simulator accuracy benchmark's rows (benchmarks/sim_accuracy.py,
+benchmarks/data/sim_accuracy/): every published row's parameters reach the simulator as
+written, and the held-out/fit split follows its rule."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.profiles.hardware import get_hardware
+from autotune.sim import EngineArgs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import sim_accuracy
+from sim_accuracy import DATA, PACED_S, Row, model_of, read_rows, replay, requests_of
+
+with (DATA / "rows.csv").open(newline="") as _f:
+    RAW = list(csv.DictReader(_f))
+ROWS = read_rows(DATA / "rows.csv")
+
+
+class _Reached(Exception):
+    """Raised by the spy in place of a replay: the arguments reached the simulator."""
+
+
+@pytest.mark.parametrize("raw,row", list(zip(RAW, ROWS, strict=True)), ids=[r.id for r in ROWS])
+def test_each_rows_parameters_reach_the_simulator_as_written(
+    raw: dict[str, str], row: Row, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def spy(model: Any, hw: Any, args: EngineArgs, reqs: Any, **kw: Any) -> Any:
+        seen.update(model=model, hw=hw, args=args, reqs=reqs, **kw)
+        raise _Reached
+
+    monkeypatch.setattr(sim_accuracy, "simulate", spy)
+    if not raw["input_len"] or not raw["output_len"]:
+        assert replay(row) == "lengths not published" and not seen
+        return
+    if raw["gpu"] == "RTX-4090":
+        assert replay(row) == "no GPU profile for RTX-4090" and not seen
+        return
+    with pytest.raises(_Reached):
+        replay(row)
+    assert seen["hw"] == get_hardware(raw["gpu"])
+    assert seen["model"].name.split("/")[-1] == raw["model"].split("/")[-1]
+    args: EngineArgs = seen["args"]
+    assert args.tensor_parallel_size == int(raw["tp"])
+    for k, v in (Row.of(raw).engine_args or {}).items():
+        assert getattr(args, k) == v
+    reqs = seen["reqs"]
+    n = int(PACED_S * float(raw["rate"])) if raw["kind"] == "paced" else int(raw["prompts"])
+    assert len(reqs) == n
+    # the mean lengths as published (lognormal draws within 10 %; random runs exact)
+    for attr, col in (("prompt_len", "input_len"), ("output_len", "output_len")):
+        mean = sum(getattr(q, attr) for q in reqs) / n
+        assert mean == pytest.approx(float(raw[col]), rel=0.1 if raw["dataset"] != "random" else 0)
+    arrivals = [q.arrival for q in reqs]
+    if raw["kind"] == "paced":
+        assert arrivals[1] - arrivals[0] == pytest.approx(1 / float(raw["rate"]))
+    else:
+        assert set(arrivals) == {0.0}
+    assert seen["concurrency"] == (int(raw["concurrency"]) if raw["concurrency"] else None)
+
+
+def test_the_split_holds_out_gpustack_and_every_gpu_but_h100() -> None:
+    for r in RAW:
+        held = r["source"] == "gpustack/gpustack" or r["gpu"] != "H100-80GB"
+        assert r["split"] == ("heldout" if held else "fit"), r["id"]
+    assert sum(r["split"] == "fit" for r in RAW) <= sum(r["split"] == "heldout" for r in RAW)
+
+
+def test_models_without_a_builtin_profile_come_from_their_published_config() -> None:
+    # published parameter counts: Qwen3-8B 8.2 B, Qwen3-14B 14.8 B, Qwen3-32B 32.8 B
+    for name, params in (
+        ("Qwen/Qwen3-8B", 8.2),
+        ("Qwen/Qwen3-14B", 14.8),
+        ("Qwen/Qwen3-32B", 32.8),
+    ):
+        m = model_of(name)
+        assert m.head_dim == 128 and round(m.num_params / 1e9, 1) == params
+    assert requests_of(ROWS[0])  # a closed-loop row's requests are drawn
