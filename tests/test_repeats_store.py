@@ -101,6 +101,26 @@ def test_a_plan_is_all_or_nothing_and_updates_are_checked(url: str) -> None:
         assert store.add_repeats([]) == []
 
 
+def test_dropping_pending_runs_keeps_claimed_and_done_ones(url: str) -> None:
+    # the validation phase's early stop (docs/tuning.md#7-validation, "Stopping early")
+    with Store.open(url, upgrade=True) as store:
+        for name in ("s", "other"):
+            store.create_study(make_study(name))
+            store.add_repeats([run(name, r, p, p) for r in range(3) for p in range(2)])
+        got = store.repeats("s")
+        store.update_repeat(got[0].id, state="COMPLETE")  # type: ignore[arg-type]
+        assert store.claim_repeat(got[1].id)  # type: ignore[arg-type]
+        assert store.drop_pending_repeats("s") == 4
+        assert [(r.repeat_index, r.position, r.state) for r in store.repeats("s")] == [
+            (0, 0, "COMPLETE"),
+            (0, 1, "RUNNING"),
+        ]
+        assert store.drop_pending_repeats("s") == 0
+        assert len(store.repeats("other")) == 6  # another study's plan is untouched
+        with pytest.raises(NotFoundError):
+            store.drop_pending_repeats("missing")
+
+
 def test_deleting_a_study_deletes_its_runs(url: str) -> None:
     with Store.open(url, upgrade=True) as store:
         for name in ("gone", "kept"):

@@ -40,7 +40,10 @@ field = pytest.mark.config_field
 
 
 def _cfg(**strategy: Any) -> Any:
+    """A study config; its validation runs every planned repeat unless ``validate`` sets
+    ``stop_early`` (the tests of the plan's mechanics count every run)."""
     st = {"capacity_levels": 24, "capacity_high": 4.0, **strategy}
+    st["validate"] = {"stop_early": False, **st.get("validate", {})}
     return config(strategy=st)[0]
 
 
@@ -637,3 +640,43 @@ def test_a_run_searches_every_other_point_of_the_studys_lattice(tmp_path: Path) 
     assert len(set(points)) > 2  # the fresh samples moved the capacities
     iv = out.summary.candidate(1).interval
     assert iv.sd_used >= 100 * ((1 + step) ** 2 - 1) - 1e-9
+
+
+@field("strategy.validate.stop_early")
+def test_the_early_look_stops_a_settled_verdict_and_only_that(tmp_path: Path) -> None:
+    # docs/tuning.md#7-validation, "Stopping early": after 3 of 5 repeats a clear gain is
+    # settled (its 97.5 % interval above 0 and above the runner-up's); a gain within the
+    # noise, or two candidates too close to tell apart, runs all 5
+    cases = {
+        "clear": ({0: (1.0, 0.01), 1: (1.3, 0.01), 2: (1.05, 0.01)}, 3),
+        "small": ({0: (1.0, 0.03), 1: (1.02, 0.03), 2: (1.01, 0.03)}, 5),
+        "close": ({0: (1.0, 0.01), 1: (1.3, 0.05), 2: (1.29, 0.05)}, 5),
+    }
+    for name, (spec, repeats) in cases.items():
+        for early in (True, False):
+            cfg = _cfg(validate={"top_k": 2, "repeats": 5, "stop_early": early})
+            # nothing is cut for over-length: 300 requests so far bound the rate below 1.3 %
+            cfg = cfg.model_copy(
+                update={"slo": cfg.slo.model_copy(update={"max_overlength_rate": 0.02})}
+            )
+            log: list[Any] = []
+            events: list[Any] = []
+            with Store.open(f"sqlite:///{tmp_path / f'{name}{early}.db'}") as store:
+                _study(store, cfg, {0: 100.0, 1: 130.0, 2: 120.0})
+                out = _validate(store, cfg, spec, log=log, on_event=events.append)
+                runs = store.repeats("t")
+            want = repeats if early else 5
+            assert {r.repeat_index for r in runs} == set(range(want)), name
+            assert all(r.state == "COMPLETE" for r in runs) and out.runs == 3 * want
+            s = out.summary
+            assert s.complete and s.repeats == want
+            settled = [e for e in events if type(e).__name__ == "ValidationSettledEarly"]
+            assert len(settled) == (want < 5)
+            if name == "clear":
+                assert (s.verdict, s.chosen) == ("recommend", 1)
+                assert s.candidate(1).interval.n == want
+                if early:
+                    assert (settled[0].repeats, settled[0].planned, settled[0].dropped) == (3, 5, 6)
+            starts = [e for e in log if e[0] == "start"]
+            assert len(starts) == 3 * want  # no run of a dropped repeat started
+            assert len([e for e in log if e[0] == "stop"]) == len(starts)  # none left running

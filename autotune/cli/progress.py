@@ -20,6 +20,7 @@ from autotune.tuning.run.events import (
     TrialDone,
     TrialStart,
     ValidationRunDone,
+    ValidationSettledEarly,
     ValidationStart,
     Waiting,
     WorkerDied,
@@ -96,6 +97,11 @@ def progress_printer() -> OnEvent:
                 )
                 for text in e.told_apart:
                     out.print(f"  not re-measured: {escape(text)}")
+            case ValidationSettledEarly():
+                out.print(
+                    f"validation: the verdict is settled after {e.repeats} of {e.planned} "
+                    f"repeats (the early look); {e.dropped} runs not needed"
+                )
             case ValidationRunDone():
                 res = e.result
                 fig = (

@@ -248,10 +248,8 @@ class ValidateConfig(ConfigModel):
     samples, compared by a paired t-interval at ``confidence``."""
 
     enabled: bool = True
-    # 2 x 5 rather than the earlier 3 x 3: three repeats' t-interval (2.48 standard
-    # deviations wide each side) said "keep" on real gains of +28 % and more in the
-    # tuning-quality benchmark; five halve it (1.24), and the third candidate was rarely
-    # chosen, so 15 runs instead of 12 (docs/tuning.md#7-validation)
+    # 2 x 5 rather than 3 x 3: three repeats' t-interval said "keep" on real gains of +28 %
+    # and more in the tuning-quality benchmark (docs/tuning.md#7-validation, "Why 2 x 5")
     top_k: int = Field(2, ge=1)
     # 1 is allowed (no interval). None: by mode (StudyConfig.validation_repeats): 5 in
     # slo-capacity; 20 in offline and fixed-rate, where a run is one level, and an offline
@@ -262,6 +260,8 @@ class ValidateConfig(ConfigModel):
     # slo-capacity: each run's search starts at the config's capacity in the study, at the
     # decision boundary, instead of the lattice's ends (docs/tuning.md#7-validation)
     from_capacity: bool = True
+    # stop once the runs so far settle the verdict (docs/tuning.md#7-validation, "Stopping early")
+    stop_early: bool = True
 
 
 class StrategyConfig(ConfigModel):

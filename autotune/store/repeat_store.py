@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from autotune.errors import StorageError
 from autotune.store.records import RepeatRecord
@@ -88,6 +88,22 @@ class RepeatStore(StoreBase):
                 return bool(done.rowcount == 1)  # type: ignore[attr-defined]
 
         return self._retrying(f"claiming validation run id {repeat_id}", claim)
+
+    def drop_pending_repeats(self, study_name: str) -> int:
+        """Remove a study's validation runs still PENDING (the phase stopped early,
+        docs/tuning.md#7-validation); runs claimed or done stay. Returns how many went."""
+
+        def drop() -> int:
+            with self._session(f"dropping the pending runs of study {study_name!r}") as s:
+                study_id = self.study_row_id(s, study_name)
+                done = s.execute(
+                    delete(RepeatRow).where(
+                        RepeatRow.study_id == study_id, RepeatRow.state == "PENDING"
+                    )
+                )
+                return int(done.rowcount)  # type: ignore[attr-defined]
+
+        return self._retrying(f"dropping the pending runs of study {study_name!r}", drop)
 
     def repeats(self, study_name: str) -> list[RepeatRecord]:
         """A study's validation runs in the order they are run (repeat, then position)."""

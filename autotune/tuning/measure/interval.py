@@ -341,10 +341,12 @@ def summary_of(
     repeats: Sequence[RepeatRecord],
     trials: Sequence[TrialRecord] | None = None,
     noise: NoiseRecord | None = None,
+    confidence: float | None = None,
 ) -> ValidationSummary | None:
     """The paired intervals and verdict of a study's stored runs (None: no plan); with the
     study's ``trials``, each config's run in the study counts as one of its runs; with the
-    server's ``noise`` (the study attribute), gains inside its band are too noisy to tell."""
+    server's ``noise`` (the study attribute), gains inside its band are too noisy to tell.
+    ``confidence``: another than the study's (the early look's, docs/tuning.md#7-validation)."""
     if not repeats:
         return None
     base = next((r.trial_number for r in repeats if r.role == "baseline"), -1)
@@ -375,7 +377,7 @@ def summary_of(
         baseline_trial=base,
         repeats=max(r.repeat_index for r in repeats) + 1,
         runs_planned=len(repeats),
-        confidence=v.confidence,
+        confidence=v.confidence if confidence is None else confidence,
         # one step of a run's lattice, in percent: the finest gain its runs resolve (one
         # study step in the one-level modes, whose runs measure no lattice)
         sd_floor=100.0

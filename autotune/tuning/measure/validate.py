@@ -30,6 +30,7 @@ from autotune.tuning.measure.candidates import (
     start_of,
     told_apart,
 )
+from autotune.tuning.measure.early_look import look_after, look_confidence, settled_early
 from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.noise import NoiseRecord
@@ -47,6 +48,7 @@ from autotune.tuning.run.events import (
     ValidationDone,
     ValidationRunDone,
     ValidationRunStart,
+    ValidationSettledEarly,
     ValidationStart,
 )
 from autotune.workload.build import workload_sample
@@ -154,12 +156,19 @@ async def run_validation(
     pending = run_order(pending, cfg.validation_repeats)
     # the worker the run before kept for the next run of its block, and that run's record
     held: tuple[Runner, RepeatRecord] | None = None
+    look = look_after(cfg.validation_repeats) if cfg.strategy.validate_.stop_early else None
     try:
         for i, rec in enumerate(pending):
             assert rec.id is not None
             if deadline is not None and time.monotonic() >= deadline:
                 stopped = "timeout"
                 break
+            if look is not None and rec.repeat_index >= look:
+                if _settled_at(cfg, store, name, look, noise):
+                    dropped = store.drop_pending_repeats(name)
+                    emit(ValidationSettledEarly(look, cfg.validation_repeats, dropped))
+                    break
+                look = None  # one look: the runs go on to the plan's end
             if not store.claim_repeat(rec.id):
                 continue  # another controller of the study runs this one (claimed once)
             if rec.workload_seed not in samples:
@@ -217,6 +226,19 @@ async def run_validation(
             publish(summary.to_dict())
         emit(ValidationDone(summary))
     return ValidationOutcome(made, stopped, summary)
+
+
+def _settled_at(
+    cfg: StudyConfig, store: Store, name: str, look: int, noise: NoiseRecord | None
+) -> bool:
+    """The early look (docs/tuning.md#7-validation, "Stopping early"): every run of the
+    first ``look`` repeats done, and their verdict at the look's confidence settled."""
+    runs = [r for r in store.repeats(name) if r.repeat_index < look]
+    if any(r.state != "COMPLETE" for r in runs):
+        return False
+    conf = look_confidence(cfg.strategy.validate_.confidence)
+    s = summary_of(cfg, runs, store.trials(name), noise, confidence=conf)
+    return s is not None and settled_early(s, runs, cfg.slo.max_overlength_rate)
 
 
 def _kept_for(

@@ -32,6 +32,7 @@ __all__ = [
     "ValidationDone",
     "ValidationRunDone",
     "ValidationRunStart",
+    "ValidationSettledEarly",
     "ValidationStart",
     "Waiting",
     "WorkerDied",
@@ -176,6 +177,16 @@ class ValidationRunDone:
 
 
 @dataclass(frozen=True)
+class ValidationSettledEarly:
+    """The early look settled the verdict (docs/tuning.md#7-validation, "Stopping early"):
+    ``repeats`` of ``planned`` repeats ran, ``dropped`` runs were not needed."""
+
+    repeats: int
+    planned: int
+    dropped: int
+
+
+@dataclass(frozen=True)
 class ValidationDone:
     summary: ValidationSummary
 
@@ -194,6 +205,7 @@ Event = (
     | ValidationStart
     | ValidationRunStart
     | ValidationRunDone
+    | ValidationSettledEarly
     | ValidationDone
 )
 OnEvent = Callable[[Event], None]
