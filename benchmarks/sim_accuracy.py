@@ -184,12 +184,11 @@ def err_pct(pred: float, pub: float) -> float:
     return 100.0 * (pred / pub - 1.0)
 
 
-def mape(pairs: Sequence[tuple[float, float]], scale: float = 1.0) -> float | None:
-    """Mean absolute percentage error of (predicted, published) pairs, the prediction
-    scaled by ``scale``."""
+def mape(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """Mean absolute percentage error of (predicted, published) pairs."""
     if not pairs:
         return None
-    return statistics.fmean(abs(err_pct(scale * p, q)) for p, q in pairs)
+    return statistics.fmean(abs(err_pct(p, q)) for p, q in pairs)
 
 
 def group_figures(
@@ -205,9 +204,7 @@ def group_figures(
             if m in r.published and r.id in pred
         ]
         out[f"{g}_mape"] = mape([(p, q) for p, q, _ in pairs])
-        out[f"{g}_baseline_mape"] = (
-            statistics.fmean(abs(err_pct(k * p, q)) for p, q, k in pairs) if pairs else None
-        )
+        out[f"{g}_baseline_mape"] = mape([(k * p, q) for p, q, k in pairs])
         out[f"{g}_pairs"] = len(pairs)
     return out
 
