@@ -302,7 +302,9 @@ def test_stop_hook_ends_the_replay_and_leaves_the_rest_unfinished(workload: Any)
     assert any(math.isnan(r.finish) for r in cut.requests)
     assert len(records_from_sim(cut)[0]) < len(reqs)  # unfinished ones have no record
     closed = simulate(MODEL, HW, ARGS_ENGINE, reqs, concurrency=8, stop=lambda e, _t: True)
-    assert closed.num_steps == 0 and closed.stopped_at == 0.0
+    # asked once the first requests reached the engine, before any step
+    assert closed.num_steps == 0 and closed.stopped_at == closed.end
+    assert all(math.isnan(r.finish) for r in closed.requests)
 
 
 # -- the config switch and the stored record ------------------------------------------------

@@ -15,6 +15,7 @@ from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.clock import RealClock, VirtualClock
 from autotune.sim.engine import Engine
+from autotune.sim.frontend import DEFAULT_FRONT_END, NO_FRONT_END
 from autotune.sim.lengths import lognormal_requests
 from autotune.sim.request import SimRequest
 from autotune.sim.virtual_loop import simulate
@@ -27,10 +28,14 @@ def test_single_request_timings_follow_the_cost_model() -> None:
     res = simulate(LLAMA, H100, EngineArgs(max_model_len=4096), [SimRequest(1000, 10)], jitter_cv=0)
     (r,) = res.requests
     assert len(r.token_times) == 10 and np.all(np.diff(r.token_times) > 0)
-    assert r.scheduled == 0.0
+    fe = DEFAULT_FRONT_END
+    # the API server tokenizes it first, and detokenizes and streams every token
+    assert r.scheduled == pytest.approx(fe.per_request + 1000 * fe.per_prompt_token)
     assert r.first_token == r.token_times[0] and r.finish == r.token_times[-1]
     eng = Engine(LLAMA, H100, EngineArgs(max_model_len=4096), jitter_cv=0)
-    assert r.ttft == pytest.approx(eng.cost.prefill_time(1000))
+    assert r.ttft == pytest.approx(
+        r.scheduled + eng.cost.prefill_time(1000) + fe.per_step + fe.per_output_token
+    )
     # decode steps at batch 1 cost a few ms on an H100 (5-6.5 ms in
     # docs/simulator.md#7-published-anchors)
     assert 0.004 < r.tpot < 0.008
@@ -39,8 +44,13 @@ def test_single_request_timings_follow_the_cost_model() -> None:
 
 def test_queueing_shows_in_ttft_when_max_num_seqs_binds() -> None:
     reqs = [SimRequest(200, 50) for _ in range(8)]
-    wide = simulate(LLAMA, H100, EngineArgs(max_model_len=2048, max_num_seqs=8), reqs)
-    narrow = simulate(LLAMA, H100, EngineArgs(max_model_len=2048, max_num_seqs=2), reqs)
+    # the engine's own queue alone: no API server in front
+    wide = simulate(
+        LLAMA, H100, EngineArgs(max_model_len=2048, max_num_seqs=8), reqs, front_end=NO_FRONT_END
+    )
+    narrow = simulate(
+        LLAMA, H100, EngineArgs(max_model_len=2048, max_num_seqs=2), reqs, front_end=NO_FRONT_END
+    )
     assert narrow.summary()["p99_ttft_ms"] > 3 * wide.summary()["p99_ttft_ms"]
     assert narrow.timeline.running.max() == 2 and narrow.timeline.waiting.max() == 6
     queue = [r.scheduled - r.arrival for r in narrow.requests]
@@ -119,7 +129,9 @@ def test_arrivals_with_idle_gaps_jump_the_virtual_clock() -> None:
     reqs = [SimRequest(100, 5, arrival=0.0), SimRequest(100, 5, arrival=100.0)]
     res = simulate(LLAMA, H100, EngineArgs(max_model_len=1024), reqs)
     second = res.requests[1]
-    assert second.scheduled == 100.0 and second.first_token > 100.0
+    # scheduled once the (idle) API server has tokenized it
+    ready = 100.0 + DEFAULT_FRONT_END.per_request + 100 * DEFAULT_FRONT_END.per_prompt_token
+    assert second.scheduled == pytest.approx(ready) and second.first_token > ready
     assert res.summary()["duration_s"] > 100
 
 

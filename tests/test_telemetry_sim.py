@@ -59,7 +59,7 @@ def test_class_reproduced_on_sim_timeline(expected: str) -> None:
     args, reqs = SCENARIOS[expected]
     result = simulate(get_model(MODEL), get_hardware(HW), args, reqs, seed=0)
     a = result.args
-    end = float(result.timeline.t[-1])
+    end = result.end  # the last token's delivery, after the engine's last step
     tel = from_sim_timeline(result, 0.0, end, a.max_num_batched_tokens, a.max_num_seqs)
     d = diagnose(tel, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens)
     assert d.kind == expected, d
@@ -80,12 +80,12 @@ def test_class_reproduced_on_sim_timeline(expected: str) -> None:
 def test_sim_timeline_window_slices_a_level() -> None:
     args, reqs = SCENARIOS["concurrency-capped"]
     result = simulate(get_model(MODEL), get_hardware(HW), args, reqs, seed=0)
-    mid = float(result.timeline.t[-1]) / 2
+    mid = result.end / 2
     first = from_sim_timeline(result, 0.0, mid, 8192, 4)
-    second = from_sim_timeline(result, mid, float(result.timeline.t[-1]), 8192, 4)
+    second = from_sim_timeline(result, mid, result.end, 8192, 4)
     assert first.finished + second.finished == len(reqs)
     for key in ("prompt_tokens", "generation_tokens"):
-        whole = from_sim_timeline(result, 0.0, float(result.timeline.t[-1]), 8192, 4)
+        whole = from_sim_timeline(result, 0.0, result.end, 8192, 4)
         assert first.counters[key] + second.counters[key] == whole.counters[key]
     assert "prefix_cache_queries" not in first.counters  # only run totals exist
     steps = first.histograms["iteration_tokens"].count + second.histograms["iteration_tokens"].count

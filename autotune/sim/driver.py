@@ -41,6 +41,7 @@ class Stream:
 
     request_id: str
     arrival: float
+    ready: float  # engine time the API server hands it to the engine (autotune.sim.frontend)
     prompt_ids: list[int]
     max_tokens: int
     rng: random.Random
@@ -98,6 +99,7 @@ class EngineDriver:
         self._wake = asyncio.Event()
         self._n = 0
         self._loop_task: asyncio.Task[None] | None = None
+        self._handing: set[asyncio.Task[None]] = set()  # deliveries waiting for their time
         self._stats_task: asyncio.Task[None] | None = None
         self._window = [0, 0]  # prompt / generation tokens since the last stats line
         self.engine_error: BaseException | None = None
@@ -109,7 +111,7 @@ class EngineDriver:
             self._stats_task = asyncio.create_task(self._stats_loop(), name="sim-stats")
 
     async def stop(self) -> None:
-        for t in (self._loop_task, self._stats_task):
+        for t in (self._loop_task, self._stats_task, *self._handing):
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -138,9 +140,11 @@ class EngineDriver:
     # -- requests ------------------------------------------------------------------
     def submit(self, ids: list[int], max_tokens: int, request_id: str | None) -> Stream:
         self._n += 1
+        now = self.clock.now()
         s = Stream(
             request_id=request_id or uuid.uuid4().hex,
-            arrival=self.clock.now(),
+            arrival=now,
+            ready=self.engine.admit(now, len(ids)),
             prompt_ids=ids,
             max_tokens=max_tokens,
             rng=random.Random(self.seed * 1_000_003 + self._n),
@@ -170,7 +174,9 @@ class EngineDriver:
                     elif s in self._pending:
                         self._pending.remove(s)
                 self._aborts.clear()
-                for s in self._pending:
+                now = self.clock.now()
+                ready = [s for s in self._pending if s.ready <= now]
+                for s in ready:
                     sr = SimRequest(
                         len(s.prompt_ids),
                         s.max_tokens,
@@ -181,10 +187,11 @@ class EngineDriver:
                     assert isinstance(r, Req)  # lengths were checked in the handler
                     s.req = r
                     self._live[r] = s
-                self._pending.clear()
+                self._pending = [s for s in self._pending if s.ready > now]
                 if not sched.has_work:
+                    if self._pending:  # still being tokenized by the API server
+                        await self._sleep_or_wake(min(s.ready for s in self._pending))
                     continue
-                now = self.clock.now()
                 pre0, q0, h0 = sched.num_preemptions, sched.prefix_queries, sched.prefix_hits
                 end, st = eng.step(now)
                 step: dict[str, Any] = {
@@ -200,7 +207,7 @@ class EngineDriver:
                 await self.clock.sleep_until(end)
                 # vLLM counts a request's whole prompt, cached tokens included, in the step
                 # that emits its first token (tests/data/captures/prompt_tokens_cached.txt)
-                prompt_tokens = self._deliver(now, end)
+                prompt_tokens = self._deliver(now, eng.last_out)
                 self.metrics.observe_step(prompt_tokens=prompt_tokens, **step)
                 self._window[0] += prompt_tokens
                 self._window[1] += st.num_sampled
@@ -213,9 +220,17 @@ class EngineDriver:
                 s.queue.put_nowait(([], "error"))
             raise
 
+    async def _sleep_or_wake(self, until: float) -> None:
+        """Sleep until engine time ``until``, or until a new request or abort comes."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            delay = (until - self.clock.now()) / self.clock.scale
+            await asyncio.wait_for(self._wake.wait(), max(0.0, delay))
+
     def _deliver(self, step_start: float, end: float) -> int:
-        """Hand every stream its new tokens; returns the prompt tokens (whole prompts) of
-        the requests whose first token this step emitted."""
+        """Hand every stream its new tokens at ``end``, when the API server has processed
+        the step (the engine core runs on meanwhile); returns the prompt tokens (whole
+        prompts) of the requests whose first token this step emitted."""
         sched = self.engine.sched
         nxt = self.engine.step_idx
         vocab = self.engine.model.vocab_size
@@ -230,6 +245,7 @@ class EngineDriver:
         # stream's write, inflating the TTFT a client measures at high concurrency.
         live.sort(key=lambda rs: rs[1].first_token >= 0)
         first_prompts = 0
+        puts: list[tuple[Stream, Delivery]] = []
         for r, s in live:
             if s.scheduled < 0 and r.t_sched >= 0:
                 s.scheduled = step_start
@@ -246,14 +262,26 @@ class EngineDriver:
             s.token_times.append(end)
             s.delivered = n
             done = r.status == FINISHED
-            s.queue.put_nowait(
-                ([s.rng.randrange(vocab) for _ in range(new)], "length" if done else None)
+            puts.append(
+                (s, ([s.rng.randrange(vocab) for _ in range(new)], "length" if done else None))
             )
             if done:
                 self._finished(r, s, end)
         if gaps:
             self.metrics.observe_itl(gaps)
+        if end > self.clock.now():  # the API server is still detokenizing the step
+            task = asyncio.create_task(self._hand_out(end, puts))
+            self._handing.add(task)
+            task.add_done_callback(self._handing.discard)
+        else:
+            for s, d in puts:
+                s.queue.put_nowait(d)
         return first_prompts
+
+    async def _hand_out(self, at: float, puts: list[tuple[Stream, Delivery]]) -> None:
+        await self.clock.sleep_until(at)
+        for s, d in puts:
+            s.queue.put_nowait(d)
 
     def _finished(self, r: Req, s: Stream, end: float) -> None:
         del self._live[r]

@@ -17,6 +17,7 @@ from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs, ResolvedArgs
 from autotune.sim.costs import CostModel
+from autotune.sim.frontend import DEFAULT_FRONT_END, FrontEnd, FrontEndCosts
 from autotune.sim.kvcache import block_hashes
 from autotune.sim.memory import plan_memory
 from autotune.sim.request import REJECTED, Req, RequestTiming, SimRequest
@@ -65,6 +66,7 @@ class Engine:
         jitter_cv: float = 0.015,
         exact: bool = False,
         keep_history: bool = True,
+        front_end: FrontEndCosts = DEFAULT_FRONT_END,
     ) -> None:
         # keep_history=False (the long-running HTTP server): no per-step timeline and no list
         # of finished requests, so memory stays flat; the server records what it needs.
@@ -85,6 +87,11 @@ class Engine:
         self.step_idx = 0
         self.step_start: list[float] = []
         self.step_end: list[float] = []
+        # when each step's tokens reached the clients, after the API server's work
+        # (autotune.sim.frontend); token times, TTFT and finish times use these
+        self.front = FrontEnd(front_end)
+        self.step_out: list[float] = []
+        self.last_out = 0.0
         self._tl: tuple[
             list[int], list[int], list[float], list[int], list[int], list[int], list[int]
         ] = ([], [], [], [], [], [], [])
@@ -115,6 +122,11 @@ class Engine:
         self.sched.add(r)
         return r
 
+    def admit(self, arrival: float, prompt_len: int) -> float:
+        """When a request arriving at ``arrival`` reaches the engine core, after the API
+        server has tokenized it (queueing behind its backlog); add it then."""
+        return self.front.admit(arrival, prompt_len)
+
     # -- stepping ------------------------------------------------------------------
     def _jitter(self) -> float:
         if self._cv == 0:
@@ -128,7 +140,8 @@ class Engine:
         return self._jit[self._jit_i - 1]
 
     def step(self, now: float) -> tuple[float, StepStats]:
-        """Run one engine step starting at ``now``; returns (end time, batch stats)."""
+        """Run one engine step starting at ``now``; returns (end time, batch stats).
+        :attr:`last_out` is when the step's tokens reached the clients."""
         s = self.step_idx
         sched = self.sched
         st = sched.schedule(s)
@@ -144,10 +157,12 @@ class Engine:
         end = now + dt * self._jitter()
         sched.complete(s)
         self.step_idx = s + 1
+        self.last_out = self.front.deliver(end, st.num_sampled)
         if not self.keep_history:
             return end, st
         self.step_start.append(now)
         self.step_end.append(end)
+        self.step_out.append(self.last_out)
         tl = self._tl
         tl[0].append(len(sched.running))
         tl[1].append(len(sched.waiting))
@@ -160,7 +175,7 @@ class Engine:
 
     # -- results -------------------------------------------------------------------
     def token_times(self, r: Req, ends: FloatArray | None = None) -> FloatArray:
-        e = np.asarray(self.step_end) if ends is None else ends
+        e = np.asarray(self.step_out) if ends is None else ends
         segs = r.segs
         if len(segs) == 2:
             return e[segs[0] : segs[1]]
@@ -168,7 +183,7 @@ class Engine:
         return np.concatenate(parts) if parts else np.empty(0)
 
     def result(self) -> SimResult:
-        ends = np.asarray(self.step_end, dtype=np.float64)
+        ends = np.asarray(self.step_out, dtype=np.float64)
         starts = self.step_start
         timings: list[RequestTiming] = []
         for r in self.reqs:
@@ -209,7 +224,7 @@ class Engine:
             )
         tl = self._tl
         timeline = Timeline(
-            t=ends,
+            t=np.asarray(self.step_end, dtype=np.float64),
             running=np.asarray(tl[0], dtype=np.int64),
             waiting=np.asarray(tl[1], dtype=np.int64),
             kv_usage=np.asarray(tl[2], dtype=np.float64),

@@ -54,7 +54,7 @@ class SimWatch:
             if not _warm(sr):
                 t.failed += 1
                 t.over_length += 1
-        ends = eng.step_end
+        ends = eng.step_out  # when tokens reached the clients (autotune.sim.frontend)
         if eng.step_idx != self._step:
             self._step = eng.step_idx
             for r in eng.sched.finished:

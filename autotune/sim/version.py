@@ -18,14 +18,14 @@ from typing import Any
 
 from autotune.profiles.hardware import builtin_hardware
 from autotune.profiles.models import builtin_models
-from autotune.sim import costs, memory
+from autotune.sim import costs, frontend, memory
 from autotune.sim.args import EngineArgs
 
 __all__ = ["ENGINE_MODEL_VERSION", "engine_constants", "engine_fingerprint"]
 
 # Bump when the engine's behaviour changes (scheduler, cost formula, memory accounting), then
 # regenerate benchmarks/data (python benchmarks/tuning_quality.py --refresh-truth).
-ENGINE_MODEL_VERSION = 1
+ENGINE_MODEL_VERSION = 2  # 2: the API server's work (autotune.sim.frontend)
 
 
 def engine_constants() -> dict[str, Any]:
@@ -37,6 +37,7 @@ def engine_constants() -> dict[str, Any]:
             "t_fixed": costs.DEFAULT_T_FIXED,
             "t_req": costs.DEFAULT_T_REQ,
         },
+        "front_end": asdict(frontend.DEFAULT_FRONT_END),
         "memory": {
             "act_coeff": memory.ACT_COEFF,
             "non_torch_tp1": memory.NON_TORCH_TP1,

@@ -7,6 +7,7 @@ concurrency), after optional warm-up requests, and asks a ``stop`` hook between 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs, ResolvedArgs
 from autotune.sim.engine import Engine
+from autotune.sim.frontend import DEFAULT_FRONT_END, FrontEndCosts
 from autotune.sim.request import Req, SimRequest
 from autotune.sim.result import SimResult
 
@@ -35,13 +37,17 @@ def simulate(
     concurrency: int | None = None,
     warmup: Sequence[SimRequest] = (),
     stop: StopHook | None = None,
+    front_end: FrontEndCosts = DEFAULT_FRONT_END,
 ) -> SimResult:
     """Run ``requests`` to completion on a virtual clock. Raises ``SimStartupError`` when the
     engine args would make vLLM fail at startup.
 
     ``concurrency`` replays a closed loop instead: arrival times are ignored, ``concurrency``
     requests start at t=0 and each finished (or rejected) request is replaced, in order, by
-    the next one at the end of the step that finished it (what a closed-loop client sees).
+    the next one when its last token reached the client (what a closed-loop client sees).
+
+    ``front_end`` is the API server's work (:mod:`autotune.sim.frontend`): a request reaches
+    the engine once tokenized, and a step's tokens reach the clients once detokenized.
 
     ``warmup`` requests are sent all at once first and run to completion; the measured
     requests' clock starts when the last one finishes (``result.requests`` holds both).
@@ -50,22 +56,37 @@ def simulate(
     are queued; True ends the replay there, the requests not finished by then left
     unfinished (``result.stopped_at``; the steps never run cost nothing).
     """
-    eng = Engine(model, hardware, args, seed=seed, jitter_cv=jitter_cv, exact=exact)
+    eng = Engine(
+        model, hardware, args, seed=seed, jitter_cv=jitter_cv, exact=exact, front_end=front_end
+    )
     start = _warm_up(eng, warmup) if warmup else 0.0
     if concurrency is not None:
         return _closed_loop(eng, requests, concurrency, start, stop)
     order = sorted(requests, key=lambda q: q.arrival)
     if start:
         order = [replace(q, arrival=q.arrival + start) for q in order]
-    n, i, now = len(order), 0, start
+    n, now = len(order), start
     sched = eng.sched
-    while i < n or sched.has_work:
-        if not sched.has_work:
-            now = max(now, order[i].arrival)
+    # requests the API server has taken (in arrival order) and when each reaches the engine
+    admitted: deque[tuple[float, SimRequest]] = deque()
+    nxt = 0
+
+    def arrive(until: float) -> None:
+        nonlocal nxt
+        while nxt < n and order[nxt].arrival <= until:
+            q = order[nxt]
+            admitted.append((eng.admit(q.arrival, q.prompt_len), q))
+            nxt += 1
+
+    while nxt < n or admitted or sched.has_work:
+        arrive(now)
+        if not sched.has_work and not (admitted and admitted[0][0] <= now):
+            now = max(now, admitted[0][0] if admitted else order[nxt].arrival)
+            continue
         # vLLM's engine core takes new requests between steps
-        while i < n and order[i].arrival <= now:
-            eng.add(order[i], user=order[i])
-            i += 1
+        while admitted and admitted[0][0] <= now:
+            q = admitted.popleft()[1]
+            eng.add(q, user=q)
         if stop is not None and stop(eng, now):
             return _ended(eng, now, now)
         if sched.has_work:
@@ -75,7 +96,9 @@ def simulate(
 
 def _ended(eng: Engine, now: float, stopped_at: float | None) -> SimResult:
     res = eng.result()
-    res.end, res.stopped_at = now, stopped_at
+    # a finished replay ends when its last token reached the client, after the API server
+    res.end = now if stopped_at is not None else max(now, eng.last_out)
+    res.stopped_at = stopped_at
     return res
 
 
@@ -100,17 +123,33 @@ def _closed_loop(
         raise ValueError("concurrency must be >= 1")
     sched = eng.sched
     pending = list(requests)
-    i, now, in_flight = 0, start, 0
-    while i < len(pending) or sched.has_work:
-        while i < len(pending) and in_flight < concurrency:
-            r = eng.add(replace(pending[i], arrival=now), user=pending[i])
+    now, i = start, 0
+    # sent but still in the API server: (reaches the engine, as sent, as given)
+    admitted: deque[tuple[float, SimRequest, SimRequest]] = deque()
+
+    def send(t: float) -> None:
+        """A client sends the next request at ``t``."""
+        nonlocal i
+        if i < len(pending):
+            q = replace(pending[i], arrival=t)
+            admitted.append((eng.admit(t, q.prompt_len), q, pending[i]))
             i += 1
-            if isinstance(r, Req):
-                in_flight += 1
+
+    for _ in range(concurrency):
+        send(start)
+    while admitted or sched.has_work:
+        if not sched.has_work and admitted[0][0] > now:
+            now = admitted[0][0]
+        while admitted and admitted[0][0] <= now:
+            ready, q, given = admitted.popleft()
+            if not isinstance(eng.add(q, user=given), Req):
+                send(ready)  # rejected: its client hears so and sends the next one
         if stop is not None and stop(eng, now):
             return _ended(eng, now, now)
         if not sched.has_work:
             continue  # everything offered so far was rejected
         now, _ = eng.step(now)
-        in_flight -= len(sched.finished)
+        # a client sends its next request once its last token reached it
+        for _ in sched.finished:
+            send(eng.last_out)
     return _ended(eng, now, None)
