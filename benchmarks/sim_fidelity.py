@@ -90,8 +90,10 @@ def err_pct(value: float, lo: float, hi: float) -> float:
 
 
 def measures(c: CostModel) -> dict[str, float]:
+    # the anchors are GPU time per step; t_fixed is vLLM's CPU time per step, fitted on
+    # measured inter-token gaps (docs/simulator.md#7-published-anchors)
     return {
-        "decode_ms": c.decode_step_time(1, CTX) * 1e3,
+        "decode_ms": (c.decode_step_time(1, CTX) - c.t_fixed) * 1e3,
         "prefill_tok_s": PROMPT / c.prefill_time(PROMPT),
     }
 

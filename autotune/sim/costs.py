@@ -33,10 +33,10 @@ __all__ = ["DEFAULT_EPS_ELEM", "DEFAULT_T_FIXED", "DEFAULT_T_REQ", "CostModel"]
 # Norms, activation, RoPE and residual adds cost 8-12 % on top of the linear layers at every T
 # (docs/simulator.md#32-constants-and-their-sources, derived from Vidur's profiles).
 DEFAULT_EPS_ELEM = 0.10
-# Per-step CPU/launch overhead: BLIS's fitted beta7 = 126 µs/step (allowed range 0.1-0.2 ms,
-# docs/simulator.md#32-constants-and-their-sources). The vLLM v0.6.0 blog shows this overhead
-# matters for 8B-class models.
-DEFAULT_T_FIXED = 126e-6
+# Per-step CPU overhead of vLLM's engine core (scheduling, preparing inputs, sampling,
+# launching): fitted on the simulator-accuracy fit rows, where BLIS's beta7 = 126 µs/step left
+# inter-token gaps 13-17 % short (docs/simulator.md#32-constants-and-their-sources).
+DEFAULT_T_FIXED = 0.7e-3
 # Per scheduled request bookkeeping: BLIS beta6 = 4.42 µs/request
 # (docs/simulator.md#32-constants-and-their-sources).
 DEFAULT_T_REQ = 4.42e-6

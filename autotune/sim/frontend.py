@@ -54,7 +54,7 @@ class FrontEndCosts:
 
 # Sources and ranges: docs/simulator.md#34-the-api-server.
 DEFAULT_FRONT_END = FrontEndCosts(
-    per_request=7.0e-3,
+    per_request=5.5e-3,
     per_prompt_token=3.0e-6,
     per_step=0.0,
     per_output_token=46e-6,
