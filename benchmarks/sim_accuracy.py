@@ -41,8 +41,12 @@ from autotune.errors import ProfileError, SimStartupError
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import EngineArgs, SimRequest, SimResult, lognormal_requests, simulate
+from autotune.sim.accuracy import ACCURACY_FILE, AccuracyGroup, AccuracyTable, gpu_class
+from autotune.sim.version import engine_fingerprint
 
-DATA = Path(__file__).resolve().parent / "data" / "sim_accuracy"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data" / "sim_accuracy"
+PACKAGE_TABLE = ROOT / "autotune" / "sim" / ACCURACY_FILE
 PACED_S = 120.0  # seconds of constant arrivals a paced row replays
 SEED = 0
 # published column -> what the replay measured
@@ -233,6 +237,11 @@ def _r(x: float | None) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=Path, default=DATA / "rows.csv")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help=f"write the held-out errors to {PACKAGE_TABLE.relative_to(ROOT)} (package data)",
+    )
     a = ap.parse_args()
     rows = read_rows(a.rows)
     pred: dict[str, dict[str, float]] = {}
@@ -276,7 +285,40 @@ def main() -> None:
                 out[f"{name}_{k}_mape"] = _r(g[f"{k}_mape"])
                 out[f"{name}_{k}_baseline_mape"] = _r(g[f"{k}_baseline_mape"])
     out["constant_ratio"] = {m: round(v, 3) for m, v in ratio.items()}
+    if a.write:
+        table = shipped_table(rows, pred)
+        PACKAGE_TABLE.write_text(json.dumps(table.to_dict(), indent=2) + "\n")
+        print(f"wrote {PACKAGE_TABLE.relative_to(ROOT)}")
     print(json.dumps(out))
+
+
+def shipped_table(rows: Sequence[Row], pred: dict[str, dict[str, float]]) -> AccuracyTable:
+    """The held-out errors per GPU class and overall, steady and burst apart: what a study
+    planned on the simulator states (autotune.sim.accuracy)."""
+    held = [r for r in rows if r.split == "heldout" and r.id in pred]
+    groups = []
+    for cls in [*sorted({gpu_class(r.gpu) for r in held}), None]:
+        for bursts in (False, True):
+            sel = [
+                r
+                for r in held
+                if (r.kind == "burst") == bursts and (cls is None or gpu_class(r.gpu) == cls)
+            ]
+            if not sel:
+                continue
+            g = group_figures(sel, pred, {})
+            groups.append(
+                AccuracyGroup(
+                    cls,
+                    bursts,
+                    len(sel),
+                    _r(g["throughput_mape"]),
+                    _r(g["ttft_mape"]),
+                    _r(g["tpot_mape"]),
+                    _r(g["e2e_mape"]),
+                )
+            )
+    return AccuracyTable(engine_fingerprint(), tuple(groups))
 
 
 if __name__ == "__main__":

@@ -376,3 +376,41 @@ def test_missing_report_extra_is_one_line_naming_it(
         f"{module}, which is not installed: pip install 'autotune[report]'\n"
     )
     assert os.path.exists(study.db)
+
+
+def test_a_simulated_study_states_the_simulators_error_and_a_real_one_does_not(
+    study: Study, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/simulator.md#9-accuracy-against-published-measurements: the line appears in
+    `study best` (text and JSON), the Markdown report and the dashboard's study note of a
+    study on a simulated worker, and never for a `vllm` worker."""
+    from autotune.report.best_output import best_json, format_recommendation
+    from autotune.report.notes import markdown_report, study_note
+    from autotune.report.recommend import recommend
+    from autotune.report.study_view import StudyView
+    from autotune.sim import planning_error
+    from autotune.tuning.measure.cost import study_cost
+
+    line = planning_error("A100-80GB").text()
+    assert line.startswith("planned on the simulator: ") and "A100" in line
+    code, out, _ = run_main(["study", "best", NAME, "--storage", study.url], capsys)
+    assert code == 0 and line in out
+    _, js, _ = run_main(["study", "best", NAME, "--storage", study.url, "--json"], capsys)
+    assert json.loads(js)["planning_error"]["text"] == line
+    with Store.open(study.url) as store:
+        record = store.get_study(NAME)
+    assert record is not None
+    for kind in ("sim", "sim-virtual", "vllm"):
+        cfg, _ = config(workload={"num_prompts": 60}, worker={"kind": kind})
+        rec = recommend(cfg, study.trials)
+        assert rec is not None
+        view = StudyView(record, cfg, study.trials, rec, study_cost(study.trials, ()))
+        shown = [
+            format_recommendation(rec),
+            json.dumps(best_json(NAME, rec), ensure_ascii=False),
+            markdown_report(view),
+            study_note(view),
+        ]
+        simulated = kind != "vllm"
+        assert all((line in text) == simulated for text in shown), kind
+        assert (best_json(NAME, rec)["planning_error"] is None) != simulated

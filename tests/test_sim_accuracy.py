@@ -1,6 +1,7 @@
 """The simulator accuracy benchmark's rows (benchmarks/sim_accuracy.py,
 benchmarks/data/sim_accuracy/): every published row's parameters reach the simulator as
-written, and the held-out/fit split follows its rule."""
+written, and the held-out/fit split follows its rule; the table it ships and the line a
+study planned on the simulator states."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 
 from autotune.profiles.hardware import get_hardware
-from autotune.sim import EngineArgs
+from autotune.sim import EngineArgs, planning_error
+from autotune.sim.accuracy import AccuracyGroup, AccuracyTable, gpu_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import sim_accuracy
@@ -84,3 +86,72 @@ def test_models_without_a_builtin_profile_come_from_their_published_config() -> 
         m = model_of(name)
         assert m.head_dim == 128 and round(m.num_params / 1e9, 1) == params
     assert requests_of(ROWS[0])  # a closed-loop row's requests are drawn
+
+
+# -- the shipped table and the line a study states -------------------------------------------
+
+
+def test_the_shipped_table_is_this_engines_and_matches_a_fresh_run() -> None:
+    """autotune/sim/accuracy.json is regenerated with `python benchmarks/sim_accuracy.py
+    --write` whenever the engine changes (its fingerprint) or the rows do."""
+    from sim_accuracy import shipped_table
+
+    from autotune.sim import accuracy_table
+    from autotune.sim.version import engine_fingerprint
+
+    shipped = accuracy_table()
+    assert shipped.fingerprint == engine_fingerprint(), (
+        "the engine changed: run python benchmarks/sim_accuracy.py --write"
+    )
+    pred = {r.id: got for r in ROWS if not isinstance(got := replay(r), str)}
+    assert shipped_table(ROWS, pred) == shipped
+
+
+def _group(cls: str | None, bursts: bool, rows: int, tput: float) -> AccuracyGroup:
+    return AccuracyGroup(cls, bursts, rows, tput, 50.0, 7.0, None)
+
+
+TABLE = AccuracyTable(
+    "x",
+    (
+        _group("H100", False, 4, 10.2),
+        _group("H100", True, 2, 88.0),
+        _group("A100", True, 6, 52.0),
+        _group(None, False, 4, 10.2),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("hardware", "expected"),
+    [
+        (
+            "H100-80GB",
+            "planned on the simulator: its throughput error is ±10 % on held-out H100 "
+            "measurements (4 rows; mean TPOT ±7 %; mean TTFT ±50 %)",
+        ),
+        (
+            "A100-40GB",  # a class with bursts only: those, said to be bursts
+            "planned on the simulator: its throughput error is ±52 % on held-out A100 "
+            "measurements (6 rows, all bursts; mean TPOT ±7 %; mean TTFT ±50 %)",
+        ),
+        (
+            "L4",
+            "planned on the simulator: no held-out measurement on L4; on all held-out "
+            "measurements its throughput error is ±10 % (4 rows; mean TPOT ±7 %; "
+            "mean TTFT ±50 %)",
+        ),
+    ],
+)
+def test_the_line_names_the_closest_held_out_rows(hardware: str, expected: str) -> None:
+    assert planning_error(hardware, TABLE).text() == expected
+    assert planning_error(hardware, TABLE).own_class == ("L4" not in hardware)
+
+
+def test_no_held_out_row_at_all_is_said() -> None:
+    empty = AccuracyTable("x", ())
+    assert planning_error("H100-80GB", empty).text() == (
+        "planned on the simulator: its error was not measured (no held-out measurement)"
+    )
+    assert gpu_class("A100-80GB") == gpu_class("A100-40GB") == "A100"
+    assert gpu_class("RTX-4090") == "RTX-4090"

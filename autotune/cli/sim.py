@@ -224,7 +224,7 @@ def _sim_run(
     model = get_model(model_name)
     hw = get_hardware(hardware)
     # Imported here: the engine is the heavy part, and listing profiles must not need it.
-    from autotune.sim import lognormal_requests, simulate
+    from autotune.sim import lognormal_requests, planning_error, simulate
 
     given: dict[str, Any] = {
         "max_model_len": max_model_len,
@@ -262,10 +262,13 @@ def _sim_run(
                     "max_concurrency": result.memory.max_concurrency,
                 },
                 "summary": result.summary(),
+                # its error: docs/simulator.md#9-accuracy-against-published-measurements
+                "planning_error": planning_error(hw.name).to_dict(),
             }
         )
         return
     _print_run(result, model, hw, engine_args)
+    _console().print(planning_error(hw.name).text(), highlight=False)
 
 
 # -- sim serve ----------------------------------------------------------------------------

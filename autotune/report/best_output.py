@@ -92,8 +92,15 @@ def validation_block(rec: Recommendation) -> list[str]:
 
 
 def study_hints(rec: Recommendation) -> list[str]:
-    """What to change in the study's config: widen the range when the recommended config's
-    capacity (validated, else in the study) is at its top (autotune.report.bounds)."""
+    """What to weigh and change: on a simulated worker, the simulator's measured error
+    (docs/simulator.md#9-accuracy-against-published-measurements); widen the range when the
+    recommended config's capacity (validated, else in the study) is at its top
+    (autotune.report.bounds)."""
+    out = [rec.planning.text()] if rec.planning is not None else []
+    return out + _widen_hints(rec)
+
+
+def _widen_hints(rec: Recommendation) -> list[str]:
     if rec.lattice is None:
         return []
     # the validated capacity when there is one (the median of its runs), else the study's
@@ -246,4 +253,6 @@ def best_json(study: str, rec: Recommendation) -> dict[str, Any]:
         # each re-measured config's validated figures (empty before validation completes)
         "validated": validated_json(rec.figures) if rec.validated else [],
         "hints": study_hints(rec),
+        # on a simulated worker, the simulator's measured error (None on `vllm`)
+        "planning_error": rec.planning.to_dict() if rec.planning is not None else None,
     }

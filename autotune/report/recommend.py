@@ -24,6 +24,7 @@ from autotune.report.validated import (
     interval_text,
     validated_configs,
 )
+from autotune.sim import PlanningError, planning_error
 from autotune.store import RepeatRecord, TrialRecord
 from autotune.tuning.measure.capacity import Lattice
 from autotune.tuning.measure.findings import record_stopped, why_infeasible
@@ -62,6 +63,8 @@ class Recommendation:
     lattice: Lattice | None = None  # the study's capacity lattice (its bounds: report.bounds)
     # each re-measured config's validated figures (autotune.report.validated)
     figures: list[ValidatedConfig] = field(default_factory=list)
+    # planned on a simulated worker: the simulator's measured error (None on `vllm`)
+    planning: PlanningError | None = None
 
     def capacity(self, t: TrialRecord | None = None) -> Capacity | None:
         """A trial's capacity as shown, with its bound (default: the recommended trial)."""
@@ -222,4 +225,11 @@ def recommend(
         cfg.mode,
         lattice_of(cfg),
         validated_configs(summary, repeats or [], cfg) if summary is not None else [],
+        planning_of(cfg),
     )
+
+
+def planning_of(cfg: StudyConfig) -> PlanningError | None:
+    """What a study on a simulated worker states about the simulator's error
+    (docs/simulator.md#9-accuracy-against-published-measurements); None on a real one."""
+    return None if cfg.worker.kind == "vllm" else planning_error(cfg.hardware)

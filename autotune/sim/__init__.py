@@ -9,6 +9,7 @@ This module is the front door: other packages import only the names below
 
 from __future__ import annotations
 
+from autotune.sim.accuracy import PlanningError, accuracy_table, planning_error
 from autotune.sim.adapters import from_sim_timeline, sim_request, sim_requests
 from autotune.sim.args import EngineArgs, ResolvedArgs
 from autotune.sim.lengths import lognormal_requests
@@ -33,6 +34,7 @@ __all__ = [
     "VLLM_VERSION",
     "EngineArgs",
     "MemoryPlan",
+    "PlanningError",
     "RequestTiming",
     "ResolvedArgs",
     "SimLevel",
@@ -40,11 +42,13 @@ __all__ = [
     "SimResult",
     "SimWatch",
     "StartupEstimate",
+    "accuracy_table",
     "from_sim_timeline",
     "jitter_seed",
     "lognormal_requests",
     "modelled_startup",
     "plan_memory",
+    "planning_error",
     "records_from_sim",
     "replay_level",
     "serve_main",
