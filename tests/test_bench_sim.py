@@ -17,6 +17,7 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.engine import Engine
+from autotune.sim.frontend import DEFAULT_FRONT_END
 from autotune.sim.routes import SimServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -63,6 +64,11 @@ async def test_client_timings_match_the_servers_request_log() -> None:
         assert r.prompt_tokens == t["prompt_tokens"] == 256  # token-id prompts: exact
         ttft_err.append(r.ttft - (t["first_token"] - t["arrival"]))
         e2e_err.append(r.e2el - (t["finish"] - t["arrival"]))
+    # the simulated API server tokenized each prompt before the engine saw it
+    # (docs/simulator.md#34-the-api-server)
+    fe = DEFAULT_FRONT_END
+    admit = fe.per_request + 256 * fe.per_prompt_token
+    assert min(t["scheduled"] - t["arrival"] for t in truth.values()) >= admit - 1e-9
     # Client-side times include HTTP and event-loop delays (in engine seconds: x scale);
     # they may never be shorter than the server's and should be close to them.
     ttft_err.sort()

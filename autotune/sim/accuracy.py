@@ -88,38 +88,51 @@ class PlanningError:
     hardware: str
     group: AccuracyGroup | None
     own_class: bool  # the group is the hardware's own GPU class
+    # when the own class has bursts only: every steady held-out row, said beside them
+    steady: AccuracyGroup | None = None
 
     def text(self) -> str:
         g = self.group
         head = "planned on the simulator: "
         if g is None:
             return head + "its error was not measured (no held-out measurement)"
-        parts = [
-            f"mean {name} ±{v:.0f} %"
-            for name, v in (("TPOT", g.tpot_mape), ("TTFT", g.ttft_mape), ("e2e", g.e2e_mape))
-            if v is not None
-        ]
-        rows = f"{g.rows} row{'s' if g.rows != 1 else ''}" + (", all bursts" if g.bursts else "")
-        detail = "; ".join([rows, *parts])
-        tput = (
-            f"its throughput error is ±{g.throughput_mape:.0f} %"
-            if g.throughput_mape is not None
-            else "its throughput error was not published"
-        )
-        if self.own_class:
-            return f"{head}{tput} on held-out {g.gpu_class} measurements ({detail})"
-        return (
-            f"{head}no held-out measurement on {gpu_class(self.hardware)}; "
-            f"on all held-out measurements {tput} ({detail})"
-        )
+        if not self.own_class:
+            return (
+                f"{head}no held-out measurement on {gpu_class(self.hardware)}; "
+                f"on all held-out measurements {_tput(g)} ({_detail(g)})"
+            )
+        out = f"{head}{_tput(g)} on held-out {g.gpu_class} measurements ({_detail(g)})"
+        if self.steady is not None:
+            out += (
+                f"; under steady load, on all held-out measurements, {_tput(self.steady)} "
+                f"({_detail(self.steady)})"
+            )
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "hardware": self.hardware,
             "own_class": self.own_class,
             "group": None if self.group is None else self.group.to_dict(),
+            "steady": None if self.steady is None else self.steady.to_dict(),
             "text": self.text(),
         }
+
+
+def _tput(g: AccuracyGroup) -> str:
+    if g.throughput_mape is None:
+        return "its throughput error was not published"
+    return f"its throughput error is ±{g.throughput_mape:.0f} %"
+
+
+def _detail(g: AccuracyGroup) -> str:
+    parts = [
+        f"mean {name} ±{v:.0f} %"
+        for name, v in (("TPOT", g.tpot_mape), ("TTFT", g.ttft_mape), ("e2e", g.e2e_mape))
+        if v is not None
+    ]
+    rows = f"{g.rows} row{'s' if g.rows != 1 else ''}" + (", all bursts" if g.bursts else "")
+    return "; ".join([rows, *parts])
 
 
 @cache
@@ -134,7 +147,11 @@ def planning_error(hardware: str, table: AccuracyTable | None = None) -> Plannin
     """What a study on the GPU profile ``hardware`` states about the simulator's error."""
     t = accuracy_table() if table is None else table
     cls = gpu_class(hardware)
-    own = t.find(cls, False) or t.find(cls, True)
+    steady = t.find(None, False)
+    own = t.find(cls, False)
     if own is not None:
         return PlanningError(hardware, own, True)
-    return PlanningError(hardware, t.find(None, False), False)
+    bursts = t.find(cls, True)
+    if bursts is not None:  # bursts are mostly queueing: the steady rows are said beside
+        return PlanningError(hardware, bursts, True, steady)
+    return PlanningError(hardware, steady, False)
