@@ -127,7 +127,7 @@ def model_of(name: str) -> Any:
 
 def requests_of(row: Row) -> list[SimRequest]:
     """The row's requests: its count (a paced row: PACED_S seconds of its rate), its mean
-    lengths, all at once unless paced at its rate (constant arrivals)."""
+    lengths; all at once, paced at its rate (constant arrivals) or Poisson at its rate."""
     assert row.input_len is not None and row.output_len is not None
     n = row.prompts or 0
     if row.kind == "paced":
@@ -139,12 +139,14 @@ def requests_of(row: Row) -> list[SimRequest]:
             for i in range(n)
         ]
     else:
-        drawn = lognormal_requests(n, row.input_len, row.output_len, seed=SEED)
+        # a Poisson row's arrivals are drawn at its rate (seeded), as its client drew them
+        rate = row.rate if row.kind == "poisson" else None
+        drawn = lognormal_requests(n, row.input_len, row.output_len, seed=SEED, rate=rate)
         # the draw's own means miss the published ones by a few per cent at 100 requests
         prompts = with_mean([q.prompt_len for q in drawn], row.input_len)
         outputs = with_mean([q.output_len for q in drawn], row.output_len)
         reqs = [
-            SimRequest(p, o, request_id=q.request_id)
+            SimRequest(p, o, q.arrival, request_id=q.request_id)
             for p, o, q in zip(prompts, outputs, drawn, strict=True)
         ]
     if row.kind == "paced":

@@ -6,6 +6,7 @@ study planned on the simulator states."""
 from __future__ import annotations
 
 import csv
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,10 @@ def test_each_rows_parameters_reach_the_simulator_as_written(
     arrivals = [q.arrival for q in reqs]
     if raw["kind"] == "paced":
         assert arrivals[1] - arrivals[0] == pytest.approx(1 / float(raw["rate"]))
+    elif raw["kind"] == "poisson":  # exponential gaps at the row's rate
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        assert min(gaps) >= 0 and len(set(gaps)) > n // 2
+        assert n / arrivals[-1] == pytest.approx(float(raw["rate"]), rel=0.25)
     else:
         assert set(arrivals) == {0.0}
     assert seen["concurrency"] == (int(raw["concurrency"]) if raw["concurrency"] else None)
