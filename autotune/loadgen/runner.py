@@ -211,4 +211,5 @@ def _stopped(
         replay_s=wall,
         ttft_known_s=known,
         saved_s_at_least=(max(arrivals) - stop_s) / run.scale if arrivals else 0.0,
+        failed=run.tally.failed,
     )

@@ -216,4 +216,5 @@ def _sim_stopped(
         saved_s_at_least=start + span - stop,
         tpot_known_s=[r.tpot for r in recs if r.success and r.output_tokens > 1]
         + watch.tpot_bounds,
+        failed=watch.tally.failed,
     )
