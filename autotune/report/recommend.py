@@ -39,6 +39,7 @@ __all__ = [
     "format_interval",
     "gain_text",
     "no_feasible_reason",
+    "planning_of",
     "recommend",
     "replicas_needed",
     "top_level_figures",
