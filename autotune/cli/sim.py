@@ -196,7 +196,10 @@ def _sim_run(
         str,
         typer.Argument(metavar="MODEL", help="Built-in model name or a folder with config.json."),
     ],
-    hardware: Annotated[str, typer.Option("--hardware", help="GPU profile name.")],
+    hardware: Annotated[
+        str,
+        typer.Option("--hardware", help="GPU profile name, or file:PATH for a calibrated profile."),
+    ],
     # at most a million (already minutes of simulation): 1e11 asked numpy for 745 GiB and
     # ended in a MemoryError traceback
     num_requests: Annotated[int, typer.Option(min=1, max=1_000_000)] = 200,
@@ -222,9 +225,19 @@ def _sim_run(
 ) -> None:
     """Simulate serving a synthetic workload on one engine config and print vLLM-style results."""
     model = get_model(model_name)
-    hw = get_hardware(hardware)
     # Imported here: the engine is the heavy part, and listing profiles must not need it.
-    from autotune.sim import lognormal_requests, planning_error, simulate
+    from autotune.sim import (
+        DEFAULT_FRONT_END,
+        is_twin_name,
+        load_twin,
+        lognormal_requests,
+        planning_error,
+        simulate,
+    )
+
+    # `file:PATH`: a calibrated profile (docs/simulator.md#10-calibrated-profiles)
+    twin = load_twin(hardware) if is_twin_name(hardware) else None
+    hw = twin.hardware if twin is not None else get_hardware(hardware)
 
     given: dict[str, Any] = {
         "max_model_len": max_model_len,
@@ -242,7 +255,16 @@ def _sim_run(
         num_requests, prompt_mean, output_mean, seed=seed, rate=rate if rate else None
     )
     try:
-        result = simulate(model, hw, engine_args, requests, seed=seed, jitter_cv=jitter_cv)
+        result = simulate(
+            model,
+            hw,
+            engine_args,
+            requests,
+            seed=seed,
+            jitter_cv=jitter_cv,
+            front_end=twin.front_end if twin is not None else DEFAULT_FRONT_END,
+            cost_overrides=twin.cost if twin is not None else None,
+        )
     except SimStartupError as exc:
         # What a real `vllm serve` would have printed; main() prints the one-line error.
         for line in exc.log_lines:
@@ -263,12 +285,14 @@ def _sim_run(
                 },
                 "summary": result.summary(),
                 # its error: docs/simulator.md#9-accuracy-against-published-measurements
-                "planning_error": planning_error(hw.name).to_dict(),
+                "planning_error": planning_error(hw.name).to_dict() if twin is None else None,
+                "twin": twin.text() if twin is not None else None,
             }
         )
         return
     _print_run(result, model, hw, engine_args)
-    _console().print(planning_error(hw.name).text(), highlight=False)
+    line = planning_error(hw.name).text() if twin is None else twin.text()
+    _console().print(line, highlight=False)
 
 
 # -- sim serve ----------------------------------------------------------------------------

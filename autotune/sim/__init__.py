@@ -12,6 +12,7 @@ from __future__ import annotations
 from autotune.sim.accuracy import PlanningError, accuracy_table, planning_error
 from autotune.sim.adapters import from_sim_timeline, sim_request, sim_requests
 from autotune.sim.args import EngineArgs, ResolvedArgs
+from autotune.sim.frontend import DEFAULT_FRONT_END
 from autotune.sim.lengths import lognormal_requests
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.replay import (
@@ -25,11 +26,13 @@ from autotune.sim.request import RequestTiming, SimRequest
 from autotune.sim.result import SimResult
 from autotune.sim.startup_time import StartupEstimate, modelled_startup
 from autotune.sim.stop_watch import SimWatch
+from autotune.sim.twin import Twin, TwinFile, dump_twin, is_twin_name, load_twin
 from autotune.sim.version import ENGINE_MODEL_VERSION
 from autotune.sim.virtual_loop import simulate
 from autotune.sim.wire import VLLM_VERSION
 
 __all__ = [
+    "DEFAULT_FRONT_END",
     "ENGINE_MODEL_VERSION",
     "VLLM_VERSION",
     "EngineArgs",
@@ -42,9 +45,14 @@ __all__ = [
     "SimResult",
     "SimWatch",
     "StartupEstimate",
+    "Twin",
+    "TwinFile",
     "accuracy_table",
+    "dump_twin",
     "from_sim_timeline",
+    "is_twin_name",
     "jitter_seed",
+    "load_twin",
     "lognormal_requests",
     "modelled_startup",
     "plan_memory",

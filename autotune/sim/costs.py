@@ -28,7 +28,14 @@ from dataclasses import dataclass, fields, replace
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 
-__all__ = ["DEFAULT_EPS_ELEM", "DEFAULT_T_FIXED", "DEFAULT_T_REQ", "CostModel"]
+__all__ = [
+    "DEFAULT_EPS_ELEM",
+    "DEFAULT_T_FIXED",
+    "DEFAULT_T_REQ",
+    "HW_OVERRIDES",
+    "OWN_OVERRIDES",
+    "CostModel",
+]
 
 # Norms, activation, RoPE and residual adds cost 8-12 % on top of the linear layers at every T
 # (docs/simulator.md#32-constants-and-their-sources, derived from Vidur's profiles).
@@ -42,7 +49,7 @@ DEFAULT_T_FIXED = 0.7e-3
 DEFAULT_T_REQ = 4.42e-6
 
 # Hardware efficiencies a caller may override by name (they live on HardwareProfile).
-_HW_OVERRIDES = frozenset(
+HW_OVERRIDES = frozenset(
     {
         "eta_bw",
         "eta_f",
@@ -54,7 +61,7 @@ _HW_OVERRIDES = frozenset(
         "mem_bw",
     }
 )
-_OWN_OVERRIDES = frozenset({"eps_elem", "t_fixed", "t_req"})
+OWN_OVERRIDES = frozenset({"eps_elem", "t_fixed", "t_req"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +100,11 @@ class CostModel:
         """
         if tp < 1:
             raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
-        unknown = set(overrides) - _HW_OVERRIDES - _OWN_OVERRIDES
+        unknown = set(overrides) - HW_OVERRIDES - OWN_OVERRIDES
         if unknown:
-            valid = ", ".join(sorted(_HW_OVERRIDES | _OWN_OVERRIDES))
+            valid = ", ".join(sorted(HW_OVERRIDES | OWN_OVERRIDES))
             raise TypeError(f"unknown cost-model override(s) {sorted(unknown)}; valid: {valid}")
-        hw_over = {k: v for k, v in overrides.items() if k in _HW_OVERRIDES}
+        hw_over = {k: v for k, v in overrides.items() if k in HW_OVERRIDES}
         hw = replace(hardware, **hw_over) if hw_over else hardware  # type: ignore[arg-type]
         eps = overrides.get("eps_elem", DEFAULT_EPS_ELEM)
         t_fixed = overrides.get("t_fixed", DEFAULT_T_FIXED)

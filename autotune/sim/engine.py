@@ -9,6 +9,7 @@ driver (:mod:`autotune.sim.driver`) drives :class:`Engine` on a real clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -67,6 +68,7 @@ class Engine:
         exact: bool = False,
         keep_history: bool = True,
         front_end: FrontEndCosts = DEFAULT_FRONT_END,
+        cost_overrides: Mapping[str, float] | None = None,
     ) -> None:
         # keep_history=False (the long-running HTTP server): no per-step timeline and no list
         # of finished requests, so memory stays flat; the server records what it needs.
@@ -75,7 +77,10 @@ class Engine:
         self.hardware = hardware
         self.args = args.resolve(model, hardware) if isinstance(args, EngineArgs) else args
         self.memory = plan_memory(model, hardware, self.args)
-        self.cost = CostModel.build(model, hardware, tp=self.args.tensor_parallel_size)
+        # a calibrated profile's own step-cost constants (autotune.sim.twin)
+        self.cost = CostModel.build(
+            model, hardware, tp=self.args.tensor_parallel_size, **(cost_overrides or {})
+        )
         # one block is vLLM's null block: never handed to a request
         self.sched = Scheduler(self.args, self.memory.num_blocks - 1, exact=exact)
         if jitter_cv < 0:

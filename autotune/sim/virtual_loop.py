@@ -8,7 +8,7 @@ concurrency), after optional warm-up requests, and asks a ``stop`` hook between 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from autotune.profiles.hardware import HardwareProfile
@@ -38,6 +38,7 @@ def simulate(
     warmup: Sequence[SimRequest] = (),
     stop: StopHook | None = None,
     front_end: FrontEndCosts = DEFAULT_FRONT_END,
+    cost_overrides: Mapping[str, float] | None = None,
 ) -> SimResult:
     """Run ``requests`` to completion on a virtual clock. Raises ``SimStartupError`` when the
     engine args would make vLLM fail at startup.
@@ -48,6 +49,8 @@ def simulate(
 
     ``front_end`` is the API server's work (:mod:`autotune.sim.frontend`): a request reaches
     the engine once tokenized, and a step's tokens reach the clients once detokenized.
+    ``cost_overrides`` are a calibrated profile's step-cost constants (:mod:`autotune.sim.twin`:
+    pass its ``hardware``, ``front_end`` and ``cost``).
 
     ``warmup`` requests are sent all at once first and run to completion; the measured
     requests' clock starts when the last one finishes (``result.requests`` holds both).
@@ -57,7 +60,14 @@ def simulate(
     unfinished (``result.stopped_at``; the steps never run cost nothing).
     """
     eng = Engine(
-        model, hardware, args, seed=seed, jitter_cv=jitter_cv, exact=exact, front_end=front_end
+        model,
+        hardware,
+        args,
+        seed=seed,
+        jitter_cv=jitter_cv,
+        exact=exact,
+        front_end=front_end,
+        cost_overrides=cost_overrides,
     )
     start = _warm_up(eng, warmup) if warmup else 0.0
     if concurrency is not None:
