@@ -34,8 +34,8 @@ from autotune.profiles.flags import (
     sim_flag,
     vllm_version_of,
 )
-from autotune.profiles.hardware import get_hardware
 from autotune.redact import is_secret_name, mask_text, url_has_password
+from autotune.sim import hardware_of
 from autotune.tuning.search.plan import model_of
 
 __all__ = [
@@ -288,7 +288,7 @@ def check_size(
     ``limit_bytes`` and ``allow`` is false."""
     model = model_of(cfg)
     limit_bytes = sizing.LIMIT_BYTES if limit_bytes is None else limit_bytes
-    est = sizing.estimate(cfg, model, get_hardware(cfg.hardware))
+    est = sizing.estimate(cfg, model, hardware_of(cfg.hardware))
     if est is None or est.peak_bytes <= limit_bytes or allow:
         return est
     path: Path_ = ("workload", "num_prompts")

@@ -226,14 +226,7 @@ def _sim_run(
     """Simulate serving a synthetic workload on one engine config and print vLLM-style results."""
     model = get_model(model_name)
     # Imported here: the engine is the heavy part, and listing profiles must not need it.
-    from autotune.sim import (
-        DEFAULT_FRONT_END,
-        is_twin_name,
-        load_twin,
-        lognormal_requests,
-        planning_error,
-        simulate,
-    )
+    from autotune.sim import is_twin_name, load_twin, lognormal_requests, planning_error, simulate
 
     # `file:PATH`: a calibrated profile (docs/simulator.md#10-calibrated-profiles)
     twin = load_twin(hardware) if is_twin_name(hardware) else None
@@ -255,16 +248,7 @@ def _sim_run(
         num_requests, prompt_mean, output_mean, seed=seed, rate=rate if rate else None
     )
     try:
-        result = simulate(
-            model,
-            hw,
-            engine_args,
-            requests,
-            seed=seed,
-            jitter_cv=jitter_cv,
-            front_end=twin.front_end if twin is not None else DEFAULT_FRONT_END,
-            cost_overrides=twin.cost if twin is not None else None,
-        )
+        result = simulate(model, hw, engine_args, requests, seed=seed, jitter_cv=jitter_cv)
     except SimStartupError as exc:
         # What a real `vllm serve` would have printed; main() prints the one-line error.
         for line in exc.log_lines:

@@ -19,7 +19,7 @@ import yaml
 
 from autotune.config import StudyConfig
 from autotune.errors import StorageError
-from autotune.profiles.hardware import get_hardware
+from autotune.sim import hardware_of
 from autotune.store import Store, StudyRecord
 from autotune.tuning.measure.baseline_probe import baseline_capacity
 from autotune.tuning.run.create import store_study
@@ -103,7 +103,7 @@ def widen_for(b: SpaceBounds, engine_args: Mapping[str, Any]) -> SpaceBounds:
 def today_bounds(cfg: StudyConfig) -> tuple[SpaceBounds, dict[str, Any]]:
     """Today's space before any peak-concurrency sizing (its ``max_model_len`` candidates),
     and vLLM's defaults at the largest candidate."""
-    model, hw = model_of(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), hardware_of(cfg.hardware)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     b = build_bounds(cfg, model, wl.profile(), 0)
     return b, baseline_engine_args(model, hw, max(b.max_model_len_candidates))
@@ -125,7 +125,7 @@ def create_warm_study(
     """Store the dated study: the incumbent as its baseline, then ``warm`` (label, engine
     args) projected into today's space (``max_model_len`` at least ``fits``, the smallest
     candidate today's traffic fits in); returns the record and the projections."""
-    model, hw = model_of(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), hardware_of(cfg.hardware)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     prof = wl.profile()
     scale = asyncio.run(baseline_capacity(cfg, model, hw, wl, incumbent))

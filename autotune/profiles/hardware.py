@@ -33,6 +33,9 @@ class HardwareProfile:
     allreduce_latency: float = 10e-6  # alpha per all-reduce (uncertain)
     device_name: str = ""  # as torch names it; vLLM's batch defaults look for "a100" in it
     uncertain: str = ""  # which numbers are not measured, and their source
+    # a calibrated profile's simulator constants by name: the step cost's own (t_fixed, ...)
+    # and the API server's as "front_end.<name>" (autotune.sim.twin); no built-in sets any
+    sim_overrides: tuple[tuple[str, float], ...] = ()
 
     @property
     def memory_gib(self) -> float:

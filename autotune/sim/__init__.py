@@ -26,7 +26,15 @@ from autotune.sim.request import RequestTiming, SimRequest
 from autotune.sim.result import SimResult
 from autotune.sim.startup_time import StartupEstimate, modelled_startup
 from autotune.sim.stop_watch import SimWatch
-from autotune.sim.twin import Twin, TwinFile, dump_twin, is_twin_name, load_twin
+from autotune.sim.twin import (
+    TWIN_PREFIX,
+    Twin,
+    TwinFile,
+    dump_twin,
+    hardware_of,
+    is_twin_name,
+    load_twin,
+)
 from autotune.sim.version import ENGINE_MODEL_VERSION
 from autotune.sim.virtual_loop import simulate
 from autotune.sim.wire import VLLM_VERSION
@@ -34,6 +42,7 @@ from autotune.sim.wire import VLLM_VERSION
 __all__ = [
     "DEFAULT_FRONT_END",
     "ENGINE_MODEL_VERSION",
+    "TWIN_PREFIX",
     "VLLM_VERSION",
     "EngineArgs",
     "MemoryPlan",
@@ -50,6 +59,7 @@ __all__ = [
     "accuracy_table",
     "dump_twin",
     "from_sim_timeline",
+    "hardware_of",
     "is_twin_name",
     "jitter_seed",
     "load_twin",

@@ -18,6 +18,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from autotune.errors import AutotuneError
+from autotune.sim.twin import is_twin_name, load_twin
+
 __all__ = [
     "ACCURACY_FILE",
     "AccuracyGroup",
@@ -90,8 +93,12 @@ class PlanningError:
     own_class: bool  # the group is the hardware's own GPU class
     # when the own class has bursts only: every steady held-out row, said beside them
     steady: AccuracyGroup | None = None
+    # on a calibrated profile: its own line (where it was fitted, its residuals) instead
+    calibrated: str | None = None
 
     def text(self) -> str:
+        if self.calibrated is not None:
+            return self.calibrated
         g = self.group
         head = "planned on the simulator: "
         if g is None:
@@ -115,6 +122,7 @@ class PlanningError:
             "own_class": self.own_class,
             "group": None if self.group is None else self.group.to_dict(),
             "steady": None if self.steady is None else self.steady.to_dict(),
+            "calibrated": self.calibrated,
             "text": self.text(),
         }
 
@@ -145,6 +153,12 @@ def accuracy_table() -> AccuracyTable:
 
 def planning_error(hardware: str, table: AccuracyTable | None = None) -> PlanningError:
     """What a study on the GPU profile ``hardware`` states about the simulator's error."""
+    if is_twin_name(hardware):  # fitted to one server: its own residuals, not the rows'
+        try:
+            line = load_twin(hardware).text()
+        except (AutotuneError, OSError) as exc:  # moved or edited since: say so, never fail
+            line = f"planned on the calibrated profile {hardware} (not readable now: {exc})"
+        return PlanningError(hardware, None, False, calibrated=line)
     t = accuracy_table() if table is None else table
     cls = gpu_class(hardware)
     steady = t.find(None, False)

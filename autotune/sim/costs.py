@@ -100,6 +100,9 @@ class CostModel:
         """
         if tp < 1:
             raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+        # a calibrated profile's own constants (autotune.sim.twin), then the caller's
+        own = {k: v for k, v in hardware.sim_overrides if k in OWN_OVERRIDES}
+        overrides = {**own, **overrides}
         unknown = set(overrides) - HW_OVERRIDES - OWN_OVERRIDES
         if unknown:
             valid = ", ".join(sorted(HW_OVERRIDES | OWN_OVERRIDES))

@@ -9,7 +9,6 @@ driver (:mod:`autotune.sim.driver`) drives :class:`Engine` on a real clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -18,7 +17,7 @@ from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs, ResolvedArgs
 from autotune.sim.costs import CostModel
-from autotune.sim.frontend import DEFAULT_FRONT_END, FrontEnd, FrontEndCosts
+from autotune.sim.frontend import FrontEnd, FrontEndCosts, front_end_of
 from autotune.sim.kvcache import block_hashes
 from autotune.sim.memory import plan_memory
 from autotune.sim.request import REJECTED, Req, RequestTiming, SimRequest
@@ -67,8 +66,7 @@ class Engine:
         jitter_cv: float = 0.015,
         exact: bool = False,
         keep_history: bool = True,
-        front_end: FrontEndCosts = DEFAULT_FRONT_END,
-        cost_overrides: Mapping[str, float] | None = None,
+        front_end: FrontEndCosts | None = None,
     ) -> None:
         # keep_history=False (the long-running HTTP server): no per-step timeline and no list
         # of finished requests, so memory stays flat; the server records what it needs.
@@ -77,10 +75,8 @@ class Engine:
         self.hardware = hardware
         self.args = args.resolve(model, hardware) if isinstance(args, EngineArgs) else args
         self.memory = plan_memory(model, hardware, self.args)
-        # a calibrated profile's own step-cost constants (autotune.sim.twin)
-        self.cost = CostModel.build(
-            model, hardware, tp=self.args.tensor_parallel_size, **(cost_overrides or {})
-        )
+        # a calibrated profile's own constants come with it (autotune.sim.twin)
+        self.cost = CostModel.build(model, hardware, tp=self.args.tensor_parallel_size)
         # one block is vLLM's null block: never handed to a request
         self.sched = Scheduler(self.args, self.memory.num_blocks - 1, exact=exact)
         if jitter_cv < 0:
@@ -94,7 +90,7 @@ class Engine:
         self.step_end: list[float] = []
         # when each step's tokens reached the clients, after the API server's work
         # (autotune.sim.frontend); token times, TTFT and finish times use these
-        self.front = FrontEnd(front_end)
+        self.front = FrontEnd(front_end if front_end is not None else front_end_of(hardware))
         self.step_out: list[float] = []
         self.last_out = 0.0
         self._tl: tuple[

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["DEFAULT_FRONT_END", "NO_FRONT_END", "FrontEnd", "FrontEndCosts"]
+from autotune.profiles.hardware import HardwareProfile
+
+__all__ = [
+    "DEFAULT_FRONT_END",
+    "FRONT_END_PREFIX",
+    "NO_FRONT_END",
+    "FrontEnd",
+    "FrontEndCosts",
+    "front_end_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,19 @@ DEFAULT_FRONT_END = FrontEndCosts(
 )
 # The engine alone: requests reach it at their arrival and tokens leave at the step's end.
 NO_FRONT_END = FrontEndCosts(0.0, 0.0, 0.0, 0.0)
+# how a calibrated profile names its API-server costs in HardwareProfile.sim_overrides
+FRONT_END_PREFIX = "front_end."
+
+
+def front_end_of(hardware: HardwareProfile) -> FrontEndCosts:
+    """The API server's costs on ``hardware``: a calibrated profile's fitted ones over the
+    defaults (autotune.sim.twin)."""
+    own = {
+        k.removeprefix(FRONT_END_PREFIX): v
+        for k, v in hardware.sim_overrides
+        if k.startswith(FRONT_END_PREFIX)
+    }
+    return DEFAULT_FRONT_END.replace(**own) if own else DEFAULT_FRONT_END
 
 
 class FrontEnd:

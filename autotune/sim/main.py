@@ -24,13 +24,13 @@ from aiohttp import web
 
 from autotune.errors import AutotuneError, SimStartupError
 from autotune.profiles.flags import SIM_ONLY_FLAGS
-from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim.args import EngineArgs
 from autotune.sim.command_line import IGNORED_PREFIX, build_parser, normalize_argv
 from autotune.sim.config_checks import validate_config
 from autotune.sim.engine import Engine
 from autotune.sim.routes import SimServer
+from autotune.sim.twin import hardware_of
 from autotune.sim.wire import VLLM_VERSION
 
 __all__ = ["main", "run"]
@@ -93,7 +93,7 @@ def _dump_env(path: str) -> None:
 def run(ns: argparse.Namespace) -> int:
     """Start up like vLLM and serve until SIGTERM/SIGINT. Returns the exit code."""
     model = get_model(ns.model)
-    hw = get_hardware(ns.hardware)
+    hw = hardware_of(ns.hardware)
     ea = EngineArgs(
         max_model_len=ns.max_model_len,
         gpu_memory_utilization=ns.gpu_memory_utilization,

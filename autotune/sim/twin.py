@@ -22,12 +22,21 @@ from autotune.config.loading import parse_document, read_config_text
 from autotune.errors import ProfileError
 from autotune.profiles.hardware import HardwareProfile, get_hardware
 from autotune.sim.costs import HW_OVERRIDES, OWN_OVERRIDES
-from autotune.sim.frontend import DEFAULT_FRONT_END, FrontEndCosts
+from autotune.sim.frontend import FRONT_END_PREFIX, FrontEndCosts, front_end_of
 
-__all__ = ["FILE_PREFIX", "Measured", "Twin", "TwinFile", "dump_twin", "is_twin_name", "load_twin"]
+__all__ = [
+    "TWIN_PREFIX",
+    "Measured",
+    "Twin",
+    "TwinFile",
+    "dump_twin",
+    "hardware_of",
+    "is_twin_name",
+    "load_twin",
+]
 
 # a GPU profile name that names a calibrated profile file instead
-FILE_PREFIX = "file:"
+TWIN_PREFIX = "file:"
 _FRONT_END = frozenset(f.name for f in fields(FrontEndCosts))
 
 
@@ -93,14 +102,16 @@ class Twin:
     """A base GPU profile with its overrides applied, as the simulated engine takes it."""
 
     source: str
-    hardware: HardwareProfile  # the base with the hardware overrides
+    # the base with every override: the efficiencies as its fields, the step-cost and
+    # API-server constants in sim_overrides, where the engine reads them
+    hardware: HardwareProfile
     cost: dict[str, float]  # CostModel.build's own overrides (t_fixed, t_req, eps_elem)
     front_end: FrontEndCosts
     spec: TwinFile
 
     @property
     def name(self) -> str:
-        return f"{FILE_PREFIX}{self.source}"
+        return self.hardware.name
 
     def text(self) -> str:
         """The line a run on the twin prints in place of the published-rows error."""
@@ -116,17 +127,30 @@ class Twin:
 
 
 def is_twin_name(name: str) -> bool:
-    return name.startswith(FILE_PREFIX)
+    return name.startswith(TWIN_PREFIX)
 
 
 def load_twin(name_or_path: str | Path) -> Twin:
     """The twin a ``file:PATH`` name (or a path) names; a ConfigError names the bad line."""
-    path = str(name_or_path).removeprefix(FILE_PREFIX)
+    path = str(name_or_path).removeprefix(TWIN_PREFIX)
     spec = parse_document(read_config_text(path), path, TwinFile)
     base = get_hardware(spec.base)
     over: dict[str, Any] = dict(spec.hardware)  # efficiency fields only (validated)
-    hw = replace(base, name=f"{base.name} (calibrated: {path})", **over)
-    return Twin(path, hw, dict(spec.cost), DEFAULT_FRONT_END.replace(**spec.front_end), spec)
+    # the engine reads the step-cost and API-server constants from the profile it runs on
+    sim = {**spec.cost, **{f"{FRONT_END_PREFIX}{k}": v for k, v in spec.front_end.items()}}
+    hw = replace(
+        base,
+        name=f"{TWIN_PREFIX}{path}",
+        sim_overrides=tuple(sorted(sim.items())),
+        **over,
+    )
+    return Twin(path, hw, dict(spec.cost), front_end_of(hw), spec)
+
+
+def hardware_of(name: str) -> HardwareProfile:
+    """The GPU profile a study or command names: a built-in one, or ``file:PATH``'s
+    calibrated profile (its constants carried in ``sim_overrides``)."""
+    return load_twin(name).hardware if is_twin_name(name) else get_hardware(name)
 
 
 def dump_twin(spec: TwinFile) -> str:

@@ -47,7 +47,10 @@ def engine_constants() -> dict[str, Any]:
         },
         # the scheduler's knobs and their defaults
         "scheduler": {f.name: repr(f.default) for f in fields(EngineArgs)},
-        "hardware": [asdict(h) for h in builtin_hardware()],
+        # sim_overrides: set only by calibrated profiles, never by a built-in
+        "hardware": [
+            {k: v for k, v in asdict(h).items() if k != "sim_overrides"} for h in builtin_hardware()
+        ],
         "models": [asdict(m) for m in builtin_models()],
     }
 

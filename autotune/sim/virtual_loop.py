@@ -8,14 +8,14 @@ concurrency), after optional warm-up requests, and asks a ``stop`` hook between 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim.args import EngineArgs, ResolvedArgs
 from autotune.sim.engine import Engine
-from autotune.sim.frontend import DEFAULT_FRONT_END, FrontEndCosts
+from autotune.sim.frontend import FrontEndCosts
 from autotune.sim.request import Req, SimRequest
 from autotune.sim.result import SimResult
 
@@ -37,8 +37,7 @@ def simulate(
     concurrency: int | None = None,
     warmup: Sequence[SimRequest] = (),
     stop: StopHook | None = None,
-    front_end: FrontEndCosts = DEFAULT_FRONT_END,
-    cost_overrides: Mapping[str, float] | None = None,
+    front_end: FrontEndCosts | None = None,
 ) -> SimResult:
     """Run ``requests`` to completion on a virtual clock. Raises ``SimStartupError`` when the
     engine args would make vLLM fail at startup.
@@ -48,9 +47,8 @@ def simulate(
     the next one when its last token reached the client (what a closed-loop client sees).
 
     ``front_end`` is the API server's work (:mod:`autotune.sim.frontend`): a request reaches
-    the engine once tokenized, and a step's tokens reach the clients once detokenized.
-    ``cost_overrides`` are a calibrated profile's step-cost constants (:mod:`autotune.sim.twin`:
-    pass its ``hardware``, ``front_end`` and ``cost``).
+    the engine once tokenized, and a step's tokens reach the clients once detokenized. None:
+    the hardware profile's (a calibrated profile's fitted costs, else the defaults).
 
     ``warmup`` requests are sent all at once first and run to completion; the measured
     requests' clock starts when the last one finishes (``result.requests`` holds both).
@@ -67,7 +65,6 @@ def simulate(
         jitter_cv=jitter_cv,
         exact=exact,
         front_end=front_end,
-        cost_overrides=cost_overrides,
     )
     start = _warm_up(eng, warmup) if warmup else 0.0
     if concurrency is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
-from autotune.profiles.hardware import get_hardware
+from autotune.sim import hardware_of
 from autotune.tuning.measure.capacity import CapacityResult
 from autotune.tuning.measure.level_plan import LevelPlan, measure
 from autotune.tuning.measure.runner_protocol import offered_rate
@@ -67,7 +67,7 @@ async def measure_config(
     """Output tok/s at the capacity of ``engine_args`` on the study's simulated GPU
     (slo-capacity: the lattice search, without a hint unless given; other modes: one level at
     1.0x)."""
-    model, hw = model_of(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), hardware_of(cfg.hardware)
     wl = workload or build_workload(cfg.workload, vocab_size=model.vocab_size)
     plan = LevelPlan.of(cfg, resolution=protocol.resolution, max_levels=protocol.max_levels)
     # bisection at the middle, not a study's lean: a re-measurement spends no GPU time, and

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.errors import ConfigError, NotFoundError
-from autotune.profiles.hardware import get_hardware
+from autotune.sim import hardware_of
 from autotune.store import Store
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.context import RunContext, RunHooks, RunReport
@@ -117,7 +117,7 @@ def run_study(
             "(docs/parallel.md#6-the-in-process-simulator)",
             len(plan.lanes),
         )
-    model, hw = model_of(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), hardware_of(cfg.hardware)
     study = optuna.load_study(study_name=rec.optuna_study_name, storage=store.optuna_storage())
     header = study_attrs.read_header(study)
     bounds, stored = header.bounds, header.workload_fingerprint

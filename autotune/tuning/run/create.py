@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.config import StudyConfig, parse_config
 from autotune.errors import ConfigError, StorageError
-from autotune.profiles.hardware import get_hardware
+from autotune.sim import hardware_of
 from autotune.store import Store, StudyRecord
 from autotune.tuning import study_attrs
 from autotune.tuning.measure.baseline_probe import baseline_capacity
@@ -71,7 +71,7 @@ def load_study_config(rec: StudyRecord) -> StudyConfig:
 
 def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecord:
     """Validate everything that can be checked before a launch, then store the study."""
-    model, hw = model_of(cfg), get_hardware(cfg.hardware)
+    model, hw = model_of(cfg), hardware_of(cfg.hardware)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     prof = wl.profile()
     cands_probe = build_bounds(cfg, model, prof, 0).max_model_len_candidates
