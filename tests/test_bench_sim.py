@@ -74,8 +74,10 @@ async def test_client_timings_match_the_servers_request_log() -> None:
     ttft_err.sort()
     e2e_err.sort()
     assert ttft_err[0] > -0.002 * scale and e2e_err[0] > -0.002 * scale
-    assert ttft_err[len(ttft_err) // 2] < 0.01 * scale
-    assert e2e_err[len(e2e_err) // 2] < 0.01 * scale
+    # medians: about 1 ms of wall time on an idle machine; 11.8 ms was seen in CI, with the
+    # whole suite on 2 cores
+    assert ttft_err[len(ttft_err) // 2] < 0.02 * scale
+    assert e2e_err[len(e2e_err) // 2] < 0.02 * scale
 
 
 async def test_bench_reports_vllm_keys_and_goodput(tmp_path: Path) -> None:
@@ -84,7 +86,7 @@ async def test_bench_reports_vllm_keys_and_goodput(tmp_path: Path) -> None:
         wl = WorkloadConfig(
             source="synthetic", num_prompts=40, input_len=300, output_len=40, arrival="all-at-once"
         )
-        out = await run_bench(str(ts.make_url("")), wl, goodput=parse_goodput(["ttft:300"]))
+        out = await run_bench(str(ts.make_url("")), wl, goodput=parse_goodput(["ttft:1000"]))
     s = out.to_json()
     for key in (
         "completed",
@@ -104,7 +106,8 @@ async def test_bench_reports_vllm_keys_and_goodput(tmp_path: Path) -> None:
         "time_scale",
     ):
         assert key in s, key
-    # max_num_seqs 4 with 40 requests at once: most wait, so few meet a 300 ms TTFT
+    # max_num_seqs 4 with 40 requests at once: ten rounds of about 0.25 s each, so the first
+    # few rounds meet a 1 s TTFT and the rest wait longer (a wide margin for a loaded CI)
     assert 0 < s["request_goodput"] < s["request_throughput"]
     text = format_result(out.result.summary)
     assert "Serving Benchmark Result" in text and "P99 TTFT (ms):" in text

@@ -99,7 +99,8 @@ class EngineDriver:
         self._wake = asyncio.Event()
         self._n = 0
         self._loop_task: asyncio.Task[None] | None = None
-        self._handing: set[asyncio.Task[None]] = set()  # deliveries waiting for their time
+        # deliveries waiting for their time (timers; finished ones are dropped as they go)
+        self._handing: set[asyncio.TimerHandle] = set()
         self._stats_task: asyncio.Task[None] | None = None
         self._window = [0, 0]  # prompt / generation tokens since the last stats line
         self.engine_error: BaseException | None = None
@@ -111,7 +112,10 @@ class EngineDriver:
             self._stats_task = asyncio.create_task(self._stats_loop(), name="sim-stats")
 
     async def stop(self) -> None:
-        for t in (self._loop_task, self._stats_task, *self._handing):
+        for h in self._handing:
+            h.cancel()
+        self._handing.clear()
+        for t in (self._loop_task, self._stats_task):
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -270,16 +274,16 @@ class EngineDriver:
         if gaps:
             self.metrics.observe_itl(gaps)
         if end > self.clock.now():  # the API server is still detokenizing the step
-            task = asyncio.create_task(self._hand_out(end, puts))
-            self._handing.add(task)
-            task.add_done_callback(self._handing.discard)
+            # a timer, not a task that spins to the microsecond as the engine's own sleep
+            # does: a second spinner per step would take the CPU the server needs
+            loop = asyncio.get_running_loop()
+            self._handing = {h for h in self._handing if h.when() > loop.time()}
+            self._handing.add(loop.call_at(self.clock.wall_at(end), self._hand_out, puts))
         else:
-            for s, d in puts:
-                s.queue.put_nowait(d)
+            self._hand_out(puts)
         return first_prompts
 
-    async def _hand_out(self, at: float, puts: list[tuple[Stream, Delivery]]) -> None:
-        await self.clock.sleep_until(at)
+    def _hand_out(self, puts: list[tuple[Stream, Delivery]]) -> None:
         for s, d in puts:
             s.queue.put_nowait(d)
 
