@@ -89,9 +89,12 @@ async def test_a_member_killed_is_a_death_with_its_signal(tmp_path: Path) -> Non
 
 
 async def test_the_leader_exiting_is_a_death_with_its_exit_code(tmp_path: Path) -> None:
-    proc = group("sleep 60 & sleep 0.3; exit 3")
+    # the leader waits in a builtin and exits on a signal: a foreground `sleep` would be a
+    # member whose own exit, seen first on a loaded machine, reads as the death
+    proc = group("trap 'exit 3' USR1; sleep 60 & wait")
     try:
         watch = await watched(proc, tmp_path / "log")
+        os.kill(proc.pid, signal.SIGUSR1)
         await until_dead(watch)
         d = watch.death
         assert d is not None and d.cause == "leader_exit" and d.returncode == 3
