@@ -14,7 +14,7 @@ from autotune.cli._app import console as _console
 from autotune.cli._app import print_json as _print_json
 from autotune.cli._app import sim_app
 from autotune.errors import SimStartupError
-from autotune.profiles.hardware import GiB, HardwareProfile, builtin_hardware, get_hardware
+from autotune.profiles.hardware import GiB, HardwareProfile, builtin_hardware
 from autotune.profiles.models import ModelProfile, builtin_models, get_model
 from autotune.sim import EngineArgs
 
@@ -226,11 +226,10 @@ def _sim_run(
     """Simulate serving a synthetic workload on one engine config and print vLLM-style results."""
     model = get_model(model_name)
     # Imported here: the engine is the heavy part, and listing profiles must not need it.
-    from autotune.sim import is_twin_name, load_twin, lognormal_requests, planning_error, simulate
+    from autotune.sim import hardware_of, lognormal_requests, planning_error, simulate
 
     # `file:PATH`: a calibrated profile (docs/simulator.md#10-calibrated-profiles)
-    twin = load_twin(hardware) if is_twin_name(hardware) else None
-    hw = twin.hardware if twin is not None else get_hardware(hardware)
+    hw = hardware_of(hardware)
 
     given: dict[str, Any] = {
         "max_model_len": max_model_len,
@@ -268,15 +267,14 @@ def _sim_run(
                     "max_concurrency": result.memory.max_concurrency,
                 },
                 "summary": result.summary(),
-                # its error: docs/simulator.md#9-accuracy-against-published-measurements
-                "planning_error": planning_error(hw.name).to_dict() if twin is None else None,
-                "twin": twin.text() if twin is not None else None,
+                # its error (docs/simulator.md#9-accuracy-against-published-measurements), or
+                # a calibrated profile's own line
+                "planning_error": planning_error(hw.name).to_dict(),
             }
         )
         return
     _print_run(result, model, hw, engine_args)
-    line = planning_error(hw.name).text() if twin is None else twin.text()
-    _console().print(line, highlight=False)
+    _console().print(planning_error(hw.name).text(), highlight=False)
 
 
 # -- sim serve ----------------------------------------------------------------------------

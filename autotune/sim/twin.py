@@ -105,13 +105,21 @@ class Twin:
     # the base with every override: the efficiencies as its fields, the step-cost and
     # API-server constants in sim_overrides, where the engine reads them
     hardware: HardwareProfile
-    cost: dict[str, float]  # CostModel.build's own overrides (t_fixed, t_req, eps_elem)
-    front_end: FrontEndCosts
     spec: TwinFile
 
     @property
     def name(self) -> str:
         return self.hardware.name
+
+    @property
+    def cost(self) -> dict[str, float]:
+        """CostModel.build's own overrides (t_fixed, t_req, eps_elem)."""
+        return dict(self.spec.cost)
+
+    @property
+    def front_end(self) -> FrontEndCosts:
+        """The API server's costs the engine runs with on this profile."""
+        return front_end_of(self.hardware)
 
     def text(self) -> str:
         """The line a run on the twin prints in place of the published-rows error."""
@@ -144,7 +152,7 @@ def load_twin(name_or_path: str | Path) -> Twin:
         sim_overrides=tuple(sorted(sim.items())),
         **over,
     )
-    return Twin(path, hw, dict(spec.cost), front_end_of(hw), spec)
+    return Twin(path, hw, spec)
 
 
 def hardware_of(name: str) -> HardwareProfile:

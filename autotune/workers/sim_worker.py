@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.sim import TWIN_PREFIX
+from autotune.sim import TWIN_PREFIX, is_twin_name
 from autotune.workers.guard import GroupRegistry
 from autotune.workers.vllm import VllmWorker
 
@@ -54,7 +54,7 @@ class SimWorker(VllmWorker):
     ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
-        if hardware.startswith(TWIN_PREFIX):  # a calibrated profile: the server's cwd differs
+        if is_twin_name(hardware):  # a calibrated profile: the server's cwd differs
             hardware = TWIN_PREFIX + str(Path(hardware.removeprefix(TWIN_PREFIX)).resolve())
         sim_flags = {
             "hardware": hardware,
