@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from autotune.cli import bench as _bench  # noqa: F401  (registers ``autotune bench``)
+from autotune.cli import calibrate as _calibrate  # noqa: F401  (``autotune calibrate``)
 from autotune.cli import database as _database  # noqa: F401  (registers ``autotune db``)
 from autotune.cli import nightly as _nightly  # noqa: F401  (``autotune nightly ...``)
 from autotune.cli import report as _report  # noqa: F401  (``autotune report``, ``dashboard``)

@@ -19,6 +19,7 @@ from autotune.tuning.run.events import (
     TrialAbandoned,
     TrialDone,
     TrialStart,
+    TwinRound,
     ValidationRunDone,
     ValidationSettledEarly,
     ValidationStart,
@@ -133,6 +134,17 @@ def progress_printer() -> OnEvent:
                 else:
                     why = why_infeasible(rec, e.mode) or "infeasible"
                     out.print(f"  -> {tag}infeasible: {escape(why)}")
+            case TwinRound():  # docs/tuning.md#15-the-twin-strategy
+                fit = ", ".join(f"{k} {v:.1f} %" for k, v in e.residual_pct.items())
+                head = f"twin: fit error {fit or 'n/a'}; screened {e.screened} configs"
+                head += f" in {e.cpu_s:.0f} s of CPU"
+                if e.stop is not None:
+                    out.print(escape(f"{head}; stops: {e.stop}"))
+                else:
+                    nxt = ", ".join(f"{k}={v}" for k, v in (e.next_args or {}).items())
+                    gain = e.predicted_gain_pct
+                    g = f" (predicted {gain:+.1f} % on the best measured)" if gain else ""
+                    out.print(escape(f"{head}; next: {nxt}{g}"))
             case _:  # level starts, validation runs starting and done: no line
                 pass
 

@@ -28,12 +28,16 @@ from autotune.sim.startup_time import StartupEstimate, modelled_startup
 from autotune.sim.stop_watch import SimWatch
 from autotune.sim.twin import (
     TWIN_PREFIX,
+    Measured,
     Twin,
     TwinFile,
     dump_twin,
     hardware_of,
     is_twin_name,
     load_twin,
+    twin_constants,
+    twin_hardware,
+    twin_mismatch,
 )
 from autotune.sim.version import ENGINE_MODEL_VERSION
 from autotune.sim.virtual_loop import simulate
@@ -45,6 +49,7 @@ __all__ = [
     "TWIN_PREFIX",
     "VLLM_VERSION",
     "EngineArgs",
+    "Measured",
     "MemoryPlan",
     "PlanningError",
     "RequestTiming",
@@ -74,6 +79,9 @@ __all__ = [
     "sim_request",
     "sim_requests",
     "simulate",
+    "twin_constants",
+    "twin_hardware",
+    "twin_mismatch",
 ]
 
 

@@ -28,15 +28,17 @@ IGNORED_PREFIX = "ignored_"  # the dest prefix of the flags accepted and ignored
 # The vLLM flags the simulation models, with the simulator's defaults; every other flag of
 # vLLM 0.32 (autotune/profiles/vllm_flags.json) is accepted, checked as vLLM checks it, and
 # ignored. A flag vLLM does not have is an argparse error (exit 2), as in vLLM.
+# gpu_memory_utilization and block_size default to the device's (None until EngineArgs.resolve;
+# docs/simulator.md#41-the-cpu-backend), as vLLM 0.32 leaves them to the platform.
 _MODELED: dict[str, Any] = {
     "max_model_len": None,
-    "gpu_memory_utilization": 0.9,
+    "gpu_memory_utilization": None,
     "max_num_seqs": None,
     "max_num_batched_tokens": None,
     "enable_chunked_prefill": None,
     "enable_prefix_caching": None,
     "tensor_parallel_size": 1,
-    "block_size": 16,
+    "block_size": None,
     "kv_cache_memory_bytes": None,
     "long_prefill_token_threshold": 0,
     "enforce_eager": False,
@@ -196,7 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="built-in model name or a folder holding config.json")
     sim = p.add_argument_group("simulation (not vLLM flags)")
-    sim.add_argument("--hardware", required=True, help="GPU profile (autotune sim hardware)")
+    sim.add_argument(
+        "--hardware",
+        required=True,
+        help="GPU profile (autotune sim hardware), or CPU for vLLM's CPU backend",
+    )
     sim.add_argument(
         "--time-scale",
         type=_finite(positive=True),

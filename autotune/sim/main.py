@@ -90,6 +90,20 @@ def _dump_env(path: str) -> None:
         raise AutotuneError(f"--sim-dump-env: cannot write {target}: {exc}") from exc
 
 
+def _cpu_kvcache_space() -> int | None:
+    """``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) as the CPU backend reads it; unset or empty is
+    None (docs/simulator.md#41-the-cpu-backend)."""
+    text = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise AutotuneError(
+            f"VLLM_CPU_KVCACHE_SPACE={text!r}: a whole number of GiB expected"
+        ) from None
+
+
 def run(ns: argparse.Namespace) -> int:
     """Start up like vLLM and serve until SIGTERM/SIGINT. Returns the exit code."""
     model = get_model(ns.model)
@@ -104,6 +118,8 @@ def run(ns: argparse.Namespace) -> int:
         tensor_parallel_size=ns.tensor_parallel_size,
         block_size=ns.block_size,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
+        # the CPU backend's env var; a GPU's vLLM never reads it
+        cpu_kvcache_space_gib=_cpu_kvcache_space() if hw.is_cpu else None,
         long_prefill_token_threshold=ns.long_prefill_token_threshold,
         enforce_eager=ns.enforce_eager,
         sim_other_tenant_bytes=int(ns.sim_other_tenant_gib * 1024**3),

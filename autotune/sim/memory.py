@@ -11,8 +11,11 @@ docs/simulator.md#4-memory-model), read against vLLM's source where those notes 
   non-torch [- CUDA-graph estimate], then ``kv_cache_utils`` sizing and its two errors.
 
 GiB numbers in texts use vLLM's ``format_gib`` (``round(x, 2)``, no padding: ``0.0 GiB``).
-The KV errors use GPU wording, without the "(... CPU backend ...)" asides of the 0.32 CPU
-captures; vLLM's shared ``kv_cache_utils`` may print those on GPUs too [uncertain].
+On GPU profiles the KV errors use GPU wording, without the "(... CPU backend ...)" asides of
+the 0.32 CPU captures (vLLM's shared ``kv_cache_utils`` may print those on GPUs too
+[uncertain]). A CPU-backend profile (docs/simulator.md#41-the-cpu-backend) prints the CPU
+worker's texts: node 0's free-memory check only when the KV size is not explicit, the
+"Explicitly set (X/Y) GiB for KV cache on node 0." line, the asides, "CPU KV cache size".
 Log lines carry vLLM's process prefix but no timestamp (a pure function has no clock).
 """
 
@@ -58,12 +61,18 @@ _CAPTURE_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
 
 _API = "(APIServer pid=1)"
 _CORE = "(EngineCore pid=2)"
+_WORKER = "(Worker pid=2)"  # the CPU backend's worker process (one process in the simulator)
 _CORE_ERR = f"{_CORE} ERROR [core.py:1510]"
 _ENGINE_FAILED = (
     "RuntimeError: Engine core initialization failed. See root cause above. "
     "Failed core proc(s): {'EngineCore': 1}"
 )
 _DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+# what the 0.32 CPU build inserts into the two KV errors (docs/vllm.md#42-kv-cache-errors)
+_CPU_NO_MEMORY_ASIDE = (
+    " (this flag also controls CPU memory reservation on the CPU backend, despite its name)"
+)
+_CPU_KV_ASIDE = " (which also controls CPU memory on the CPU backend)"
 
 
 def _gib(b: float) -> str:
@@ -169,62 +178,102 @@ def _engine_failure(before: list[str], msg: str, fc: FailureClass) -> SimStartup
     return SimStartupError(msg, fc, lines)
 
 
+def _free_memory_text(cpu: bool, free: int, total: int, util: float, requested: int) -> str:
+    """The free-memory error: GPU wording (vLLM 0.32 names the device, cuda:0), or the 0.32
+    CPU backend's, which checks NUMA node 0 (docs/vllm.md#41-free-memory-below-the-request)."""
+    if cpu:
+        return (
+            f"Available memory on node 0 ({_gib(free)}/{_gib(total)} GiB) on startup is less "
+            f"than desired CPU memory utilization ({util}, {_gib(requested)} GiB). On the CPU "
+            "backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory "
+            "reserved (despite its name). To resolve: decrease `--gpu-memory-utilization` "
+            "(e.g. `--gpu-memory-utilization 0.5`) or reduce CPU memory used by other processes."
+        )
+    return (
+        f"Free memory on device cuda:0 ({_gib(free)}/{_gib(total)} GiB) on startup is less "
+        f"than desired GPU memory utilization ({util}, {_gib(requested)} GiB). Decrease GPU "
+        "memory utilization or reduce GPU memory used by other processes."
+    )
+
+
+def _explicit_kv_line(cpu: bool, free: int, total: int, kv: int) -> str:
+    if cpu:  # tests/data/vllm032/startup.log: "Explicitly set (0.06/9.09) GiB ... on node 0."
+        return (
+            f"{_WORKER} INFO [cpu_worker.py:260] Explicitly set ({_gib(kv)}/{_gib(total)}) GiB "
+            "for KV cache on node 0."
+        )
+    return (
+        f"{_CORE} INFO [gpu_worker.py] Initial free memory {_gib(free)} GiB, reserved "
+        f"{_gib(kv)} GiB memory for KV Cache as specified by "
+        "kv_cache_memory_bytes config and skipped memory profiling. This does not "
+        "respect the gpu_memory_utilization config. Only use kv_cache_memory_bytes "
+        "config when you want manual control of KV cache memory size. If OOM'ed, "
+        "check the difference of initial free memory between the current run and "
+        "the previous run where kv_cache_memory_bytes is suggested and update it "
+        "correspondingly."
+    )
+
+
 def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedArgs) -> MemoryPlan:
     """Run vLLM's startup for ``args``: validate, check free memory, profile, size the KV cache.
 
     Raises :class:`SimStartupError` exactly where vLLM 0.32 fails; on success returns the plan
-    and the startup lines vLLM logs.
+    and the startup lines vLLM logs. A CPU-backend profile follows the 0.32 CPU worker
+    (docs/simulator.md#41-the-cpu-backend).
     """
     validate_config(model, args)
     tp, bs, mml = args.tensor_parallel_size, args.block_size, args.max_model_len
     mns, mnbt, util = args.max_num_seqs, args.max_num_batched_tokens, args.gpu_memory_utilization
-    total = hardware.memory_bytes
+    cpu = hardware.is_cpu
+    total = hardware.memory_bytes  # the CPU backend: NUMA node 0's memory
     free = total - args.sim_other_tenant_bytes
     requested = math.ceil(total * util)
+    # The GPU worker tests truthiness (0 means "unset"); the CPU worker took
+    # VLLM_CPU_KVCACHE_SPACE=0 as an explicit 0 GiB (tests/data/captures/bad_c_kvspace_0.log).
+    kv_bytes = args.kv_cache_memory_bytes
+    explicit = kv_bytes is not None if cpu else bool(kv_bytes)
     log: list[str] = []
     if args.enable_chunked_prefill:
         log.append(
             f"{_API} INFO [scheduler.py:307] Chunked prefill is enabled with "
             f"max_num_batched_tokens={mnbt}."
         )
-    if free < requested:  # GPU wording; vLLM 0.32 names the device (cuda:0)
+    # GPUs check even with kv_cache_memory_bytes set; the CPU backend only when it sizes the
+    # KV from the share (a real 0.92 with an explicit 1 GiB served where 0.92 alone failed).
+    if free < requested and not (cpu and explicit):
         raise _engine_failure(
-            log,
-            (
-                f"Free memory on device cuda:0 ({_gib(free)}/{_gib(total)} GiB) on startup is less "
-                f"than desired GPU memory utilization ({util}, {_gib(requested)} GiB). Decrease "
-                "GPU "
-                "memory utilization or reduce GPU memory used by other processes."
-            ),
-            FailureClass.FREE_MEMORY,
+            log, _free_memory_text(cpu, free, total, util, requested), FailureClass.FREE_MEMORY
         )
     weights = model.weight_bytes(tp)
-    log.append(
-        f"{_CORE} INFO [gpu_model_runner.py] Loading model weights took {weights / GiB:.4f} GB"
-    )
+    if not cpu:  # the CPU loader logs seconds only ("Loading weights took 0.00 seconds")
+        log.append(
+            f"{_CORE} INFO [gpu_model_runner.py] Loading model weights took {weights / GiB:.4f} GB"
+        )
     activation = activation_bytes_per_token(model, tp) * mnbt
     # Profile-run sampler: float32 logits [min(mnbt, mns), vocab]. Every TP rank holds the
     # gathered full-vocab logits, so this is not divided by TP.
     sampler = min(mnbt, mns) * model.vocab_size * 4
     non_torch = NON_TORCH_TP1 if tp == 1 else NON_TORCH_TPN
     cudagraph = 0
-    if args.kv_cache_memory_bytes:  # vLLM tests truthiness: 0 means "unset" on the GPU worker
-        available = args.kv_cache_memory_bytes
-        log.append(
-            f"{_CORE} INFO [gpu_worker.py] Initial free memory {_gib(free)} GiB, reserved "
-            f"{_gib(available)} GiB memory for KV Cache as specified by "
-            "kv_cache_memory_bytes config and skipped memory profiling. This does not "
-            "respect the gpu_memory_utilization config. Only use kv_cache_memory_bytes "
-            "config when you want manual control of KV cache memory size. If OOM'ed, "
-            "check the difference of initial free memory between the current run and "
-            "the previous run where kv_cache_memory_bytes is suggested and update it "
-            "correspondingly."
-        )
+    if explicit:
+        available = kv_bytes or 0
+        log.append(_explicit_kv_line(cpu, free, total, available))
     else:
-        if args.sim_estimate_cudagraph_memory and not args.enforce_eager:
+        # no CUDA graphs on the CPU backend
+        if args.sim_estimate_cudagraph_memory and not args.enforce_eager and not cpu:
             cudagraph = cudagraph_memory_bytes(model, tp, mns, mnbt)
-        available = requested - (weights + activation + sampler + non_torch + cudagraph)
-        log.append(f"{_CORE} INFO [gpu_worker.py] Available KV cache memory: {_gib(available)} GiB")
+        non_kv = weights + activation + sampler + non_torch + cudagraph
+        available = requested - non_kv
+        if cpu:  # [uncertain] the wording of real 0.2x CPU logs, none captured on 0.32
+            log.append(
+                f"{_WORKER} INFO [cpu_worker.py:260] Auto set ({_gib(available)}/{_gib(total)}) "
+                f"GiB for KV cache on node 0, with {_gib(requested)} GiB requested memory for "
+                f"the worker. {_gib(non_kv)} GiB memory was consumed by non-kv usages."
+            )
+        else:
+            log.append(
+                f"{_CORE} INFO [gpu_worker.py] Available KV cache memory: {_gib(available)} GiB"
+            )
         if cudagraph:
             delta = cudagraph / total
             log.append(
@@ -236,11 +285,13 @@ def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedAr
                 "To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0."
             )
     if available <= 0:
+        # the CPU build's aside before the period (docs/vllm.md#42-kv-cache-errors)
+        aside = _CPU_NO_MEMORY_ASIDE if cpu else ""
         raise _engine_failure(
             log,
             (
                 "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-                f"when initializing the engine. {_DOCS}"
+                f"when initializing the engine{aside}. {_DOCS}"
             ),
             FailureClass.NO_KV_MEMORY,
         )
@@ -264,17 +315,17 @@ def plan_memory(model: ModelProfile, hardware: HardwareProfile, args: ResolvedAr
                 f"To serve at least one request with the model's max seq len ({mml}), "
                 f"({_gib(per_request * block_bytes)} GiB KV cache is needed, which is larger than "
                 f"the available KV cache memory ({_gib(max(usable, 0))} GiB). {est_msg}Try "
-                "increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-                f"engine. {_DOCS}"
+                f"increasing `gpu_memory_utilization`{_CPU_KV_ASIDE if cpu else ''} or "
+                "decreasing `max_model_len` when initializing the engine. "
+                f"{_DOCS}"
             ),
             FailureClass.KV_TOO_SMALL,
         )
     concurrency = num_blocks / per_request
     # 0.32 logs (and labels kv_cache_size_tokens with) int(concurrency * max_model_len), which
-    # equals kv_tokens whenever block_size divides max_model_len.
+    # equals kv_tokens whenever block_size divides max_model_len. The CPU backend says "CPU".
     log.append(
-        f"{_CORE} INFO [kv_cache_utils.py:2327] GPU KV cache size: "
+        f"{_CORE} INFO [kv_cache_utils.py:2327] {'CPU' if cpu else 'GPU'} KV cache size: "
         f"{int(concurrency * mml):,} tokens, Maximum concurrency for {mml:,} tokens per "
         f"request: {concurrency:.2f}x"
     )

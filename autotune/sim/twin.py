@@ -21,7 +21,13 @@ from autotune.config import ConfigModel
 from autotune.config.loading import parse_document, read_config_text
 from autotune.errors import ProfileError
 from autotune.profiles.hardware import HardwareProfile, get_hardware
-from autotune.sim.costs import HW_OVERRIDES, OWN_OVERRIDES
+from autotune.sim.costs import (
+    DEFAULT_EPS_ELEM,
+    DEFAULT_T_FIXED,
+    DEFAULT_T_REQ,
+    HW_OVERRIDES,
+    OWN_OVERRIDES,
+)
 from autotune.sim.frontend import FRONT_END_PREFIX, FrontEndCosts, front_end_of
 
 __all__ = [
@@ -33,6 +39,9 @@ __all__ = [
     "hardware_of",
     "is_twin_name",
     "load_twin",
+    "twin_constants",
+    "twin_hardware",
+    "twin_mismatch",
 ]
 
 # a GPU profile name that names a calibrated profile file instead
@@ -134,6 +143,39 @@ class Twin:
         return out + ")"
 
 
+def twin_constants(hardware: HardwareProfile) -> dict[tuple[str, str], float]:
+    """Every constant a twin file may override, by (section, name), as ``hardware`` runs
+    them: its efficiencies, its step-cost constants (a calibrated profile's, else the
+    defaults) and its API server's costs. Calibration starts its fit from these."""
+    own = dict(hardware.sim_overrides)
+    cost = {
+        "eps_elem": DEFAULT_EPS_ELEM,
+        "t_fixed": DEFAULT_T_FIXED,
+        "t_req": DEFAULT_T_REQ,
+    }
+    out = {("hardware", k): float(getattr(hardware, k)) for k in sorted(HW_OVERRIDES)}
+    out |= {("cost", k): float(own.get(k, v)) for k, v in cost.items()}
+    fe = front_end_of(hardware)
+    out |= {("front_end", f.name): float(getattr(fe, f.name)) for f in fields(fe)}
+    return out
+
+
+def twin_mismatch(
+    measured: Measured, *, vllm: str | None, model: str | None, host: str | None
+) -> list[str]:
+    """What differs between where a twin was fitted and the server a study runs: one phrase
+    per known difference ("vLLM 0.31.0 here, 0.32.0 fitted"); unknown sides never count."""
+    out = []
+    for label, here, there in (
+        ("vLLM", vllm, measured.vllm),
+        ("model", model, measured.model),
+        ("host", host, measured.host),
+    ):
+        if here and there and here != there:
+            out.append(f"{label} {here} here, {there} fitted")
+    return out
+
+
 def is_twin_name(name: str) -> bool:
     return name.startswith(TWIN_PREFIX)
 
@@ -142,17 +184,18 @@ def load_twin(name_or_path: str | Path) -> Twin:
     """The twin a ``file:PATH`` name (or a path) names; a ConfigError names the bad line."""
     path = str(name_or_path).removeprefix(TWIN_PREFIX)
     spec = parse_document(read_config_text(path), path, TwinFile)
-    base = get_hardware(spec.base)
+    return Twin(path, twin_hardware(spec, f"{TWIN_PREFIX}{path}"), spec)
+
+
+def twin_hardware(spec: TwinFile, name: str) -> HardwareProfile:
+    """``spec``'s base profile with its overrides applied, named ``name``: the efficiencies as
+    its fields, the step-cost and API-server constants in ``sim_overrides`` (where the engine
+    reads them). Pure: calibration builds candidates with it before any file exists."""
     over: dict[str, Any] = dict(spec.hardware)  # efficiency fields only (validated)
-    # the engine reads the step-cost and API-server constants from the profile it runs on
     sim = {**spec.cost, **{f"{FRONT_END_PREFIX}{k}": v for k, v in spec.front_end.items()}}
-    hw = replace(
-        base,
-        name=f"{TWIN_PREFIX}{path}",
-        sim_overrides=tuple(sorted(sim.items())),
-        **over,
+    return replace(
+        get_hardware(spec.base), name=name, sim_overrides=tuple(sorted(sim.items())), **over
     )
-    return Twin(path, hw, spec)
 
 
 def hardware_of(name: str) -> HardwareProfile:

@@ -43,12 +43,14 @@ __all__ = [
     "retry_history",
     "set_metric_name",
     "stage_of",
+    "twin_prediction",
     "write_devices",
     "write_failure_class",
     "write_recovered_summary",
     "write_stage",
     "write_trial_start",
     "write_trial_summary",
+    "write_twin_prediction",
 ]
 
 CONSTRAINTS_KEY = "constraints"  # Optuna's list format (trial), its legend (study)
@@ -61,7 +63,20 @@ _LEGACY_ENGINE_ARGS = "engine_args"  # studies before one attribute per arg
 _FIXED_PARAMS = "fixed_params"  # trial system attributes: these two are Optuna's own
 _RETRY_HISTORY = "retry_history"
 REQUEUED_FROM_KEY = "autotune.requeued_from"  # a configuration re-queued because it never ran
+# the twin strategy's predicted objective for a trial's config, beside what it measured
+TWIN_PREDICTION_KEY = "autotune.twin_prediction"
 _Trial = FrozenTrial | optuna.Trial
+
+
+def write_twin_prediction(trial: _Trial, predicted: float) -> None:
+    """What the twin predicted for this trial's config (docs/tuning.md#15-the-twin-strategy)."""
+    trial.set_user_attr(TWIN_PREDICTION_KEY, float(predicted))
+
+
+def twin_prediction(trial: FrozenTrial) -> float | None:
+    """The twin's prediction for ``trial``; None: not a twin trial."""
+    v = trial.user_attrs.get(TWIN_PREDICTION_KEY)
+    return float(v) if isinstance(v, int | float) else None
 
 
 def set_metric_name(study: optuna.Study, mode: str) -> None:

@@ -29,9 +29,11 @@ __all__ = [
     "open_study",
     "read_header",
     "read_noise",
+    "read_twin",
     "read_widenings",
     "stored_noise",
     "write_noise",
+    "write_twin",
     "write_validation",
     "write_widenings",
 ]
@@ -44,6 +46,8 @@ PROJECTION_KEY = "autotune.nightly_projection"  # the nightly's Projection dicts
 WIDENED_KEY = "autotune.widened"  # a list of Widening dicts (tuning/search/edges.py)
 VALIDATION_KEY = "autotune.validation"  # the validation summary (tuning/measure/validate.py)
 NOISE_KEY = "autotune.noise"  # the server's noise: NoiseRecord.to_dict() (tuning/measure/noise.py)
+# the twin strategy's latest round: TwinRound.to_dict() (tuning/measure/twin_round.py)
+TWIN_KEY = "autotune.twin"
 
 
 def bounds_from_json(text: str) -> SpaceBounds:
@@ -111,6 +115,18 @@ def read_noise(study: Any) -> NoiseRecord | None:
     (a study from before it was, or the baseline's worker died while measuring it)."""
     d = (study if isinstance(study, Mapping) else study.user_attrs).get(NOISE_KEY)
     return NoiseRecord.from_dict(d) if isinstance(d, Mapping) else None
+
+
+def write_twin(study: optuna.Study, round_: Mapping[str, Any]) -> None:
+    """Store the twin strategy's latest round (docs/tuning.md#15-the-twin-strategy)."""
+    study.set_user_attr(TWIN_KEY, dict(round_))
+
+
+def read_twin(study: Any) -> dict[str, Any] | None:
+    """The twin strategy's latest round as stored (of a study, or its user attributes);
+    None: no round ran yet."""
+    d = (study if isinstance(study, Mapping) else study.user_attrs).get(TWIN_KEY)
+    return dict(d) if isinstance(d, Mapping) else None
 
 
 def stored_noise(store: Store, name: str) -> NoiseRecord | None:

@@ -74,6 +74,11 @@ SMOKE: dict[str, tuple[str, ...]] = {
 # Longer than a few seconds: each took 5 s or more in a run on a loaded two-core machine
 # (``-v -o console_output_style=times``).
 SLOW: tuple[str, ...] = (
+    # the twin strategy's studies with their CPU-bound rounds, and calibrating over HTTP
+    "tests/test_twin_strategy.py::test_a_wrong_twin_is_refitted_and_finds_the_real_optimum",
+    "tests/test_twin_strategy.py::test_real_trials_caps_the_twin_trials",
+    "tests/test_calibrate_cli.py",
+    "tests/test_calibrate_fit.py::test_the_fit_recovers_known_constants_within_their_stated_uncertainty",
     # real controllers and workers on a private PostgreSQL cluster: 13-52 s each
     "tests/test_faults.py::test_four_controllers_run_exactly_the_plan_each_configuration_once_in_stage_order",
     "tests/test_faults.py::test_controllers_or_workers_killed_mid_trial_leave_nothing_behind",

@@ -18,6 +18,7 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import SimStartupError
+from autotune.profiles.hardware import HardwareProfile
 from autotune.sim import hardware_of
 from autotune.tuning.measure.capacity import CapacityResult
 from autotune.tuning.measure.level_plan import LevelPlan, measure
@@ -63,11 +64,13 @@ async def measure_config(
     workload: Workload | None = None,
     seed: int | None = None,
     hint: float | None = None,
+    hardware: HardwareProfile | None = None,
 ) -> Measurement:
-    """Output tok/s at the capacity of ``engine_args`` on the study's simulated GPU
-    (slo-capacity: the lattice search, without a hint unless given; other modes: one level at
-    1.0x)."""
-    model, hw = model_of(cfg), hardware_of(cfg.hardware)
+    """Output tok/s at the capacity of ``engine_args`` on the study's simulated GPU, or on
+    ``hardware`` (the twin strategy's calibrated profile) when given (slo-capacity: the
+    lattice search, without a hint unless given; other modes: one level at 1.0x)."""
+    model = model_of(cfg)
+    hw = hardware if hardware is not None else hardware_of(cfg.hardware)
     wl = workload or build_workload(cfg.workload, vocab_size=model.vocab_size)
     plan = LevelPlan.of(cfg, resolution=protocol.resolution, max_levels=protocol.max_levels)
     # bisection at the middle, not a study's lean: a re-measurement spends no GPU time, and

@@ -32,11 +32,11 @@ from autotune.config import SearchConfig, StrategyConfig
 from autotune.store import Store
 from autotune.store.optuna_ids import trial_id
 from autotune.store.resilience import secondary_failure
-from autotune.tuning import attrs
+from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.recovery import Recovery, claim_key
 from autotune.tuning.search.edges import widen_at_claim
 from autotune.tuning.search.rounding import tidy_steps
-from autotune.tuning.search.space import SpaceBounds, suggest
+from autotune.tuning.search.space import SpaceBounds, enqueue_params, suggest
 from autotune.tuning.search.stages import stage_param
 from autotune.tuning.search.strategy import MEASURED, next_stage, sampler_for, stage_params
 
@@ -176,6 +176,11 @@ class Claims:
             decision = decide(trials, self.strategy, self.bounds)
             if not isinstance(decision, str):
                 return decision
+            twin = study_attrs.read_twin(self.study) if decision == "twin" else None
+            if decision == "twin" and (twin is None or twin.get("next_args") is None):
+                # the latest round (run before every claim) found nothing worth a trial
+                why = twin.get("stop") if twin else None
+                return Done(f"the twin stopped: {why or 'no round ran'}")
             # the stored bounds, with the edges widened so far; a coordinate pass may widen
             # one the best point sits on, once (docs/tuning.md#8-the-staged-plan)
             bounds, widened = widen_at_claim(self.study, self.bounds, trials, decision, self.search)
@@ -188,17 +193,19 @@ class Claims:
                 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
                 # heartbeats are ours (a thread), not study.optimize's
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-                self.study.sampler = tidy_steps(
-                    sampler_for(
-                        decision,
-                        trials,
-                        bounds,
-                        self.seed_for(len(trials)),
-                        self.strategy,
+                sampler = (
+                    sampler_for(decision, trials, bounds, self.seed_for(len(trials)), self.strategy)
+                    if twin is None
+                    else optuna.samplers.PartialFixedSampler(
+                        enqueue_params(bounds, twin["next_args"]),
+                        optuna.samplers.RandomSampler(seed=self.seed_for(len(trials))),
                     )
                 )
+                self.study.sampler = tidy_steps(sampler)
                 trial = self.study.ask()
                 values = suggest(trial, bounds)
+                if twin is not None and twin.get("next_predicted") is not None:
+                    attrs.write_twin_prediction(trial, twin["next_predicted"])
             engine_args = attrs.enqueued_engine_args(trial) or values.engine_args()
             label = attrs.label_of(trial)
             # a retry keeps its stage; a first enqueued run is named by its label

@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.config import StudyConfig, parse_config
 from autotune.errors import ConfigError, StorageError
-from autotune.sim import hardware_of
+from autotune.sim import VLLM_VERSION, hardware_of, is_twin_name, load_twin, twin_mismatch
 from autotune.store import Store, StudyRecord
 from autotune.tuning import study_attrs
 from autotune.tuning.measure.baseline_probe import baseline_capacity
@@ -29,7 +29,7 @@ from autotune.tuning.search.space import PARAM_ORDER, SpaceBounds
 from autotune.workload.build import study_workload
 from autotune.workload.traces import dropped_text
 
-__all__ = ["config_yaml_of", "create_study", "load_study_config", "store_study"]
+__all__ = ["config_yaml_of", "create_study", "load_study_config", "store_study", "twin_warnings"]
 
 
 def _enqueued_configs(
@@ -115,12 +115,31 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
             screening.kept, [r.prompt_len for r in wl.requests], [r.output_len for r in wl.requests]
         )
     )
-    if tail is not None:
-        profile["warnings"] = [tail]
+    warnings = [tail] if tail is not None else []
+    warnings += twin_warnings(cfg)
+    if warnings:
+        profile["warnings"] = warnings
     if range_notes:
         profile["notes"] = range_notes
     header = study_attrs.StudyHeader(bounds, baseline, prof.fingerprint, screening.to_dict())
     return store_study(store, cfg, config_yaml, header, configs, profile)
+
+
+def twin_warnings(cfg: StudyConfig) -> list[str]:
+    """A calibrated profile fitted on another model or vLLM than this study's worker
+    (docs/calibrate.md#1-the-command): one line naming each difference. A real worker's
+    vLLM version is unknown before it starts; a simulated one's is the simulator's."""
+    out = []
+    for name in {cfg.hardware, cfg.strategy.twin.profile} - {None}:
+        if name is None or not is_twin_name(name):
+            continue
+        measured = load_twin(name).spec.measured
+        served = cfg.model.served_name or cfg.model.name
+        vllm = VLLM_VERSION if cfg.worker.kind != "vllm" else None
+        diff = twin_mismatch(measured, vllm=vllm, model=served, host=None)
+        if diff:
+            out.append(f"the calibrated profile {name} was fitted elsewhere: {'; '.join(diff)}")
+    return out
 
 
 def store_study(

@@ -29,6 +29,7 @@ __all__ = [
     "TrialAbandoned",
     "TrialDone",
     "TrialStart",
+    "TwinRound",
     "ValidationDone",
     "ValidationRunDone",
     "ValidationRunStart",
@@ -187,6 +188,20 @@ class ValidationSettledEarly:
 
 
 @dataclass(frozen=True)
+class TwinRound:
+    """The twin strategy refitted and screened (docs/tuning.md#15-the-twin-strategy): the
+    fit's median error per metric, configs screened, CPU seconds, and the next config with
+    its predicted gain over the best measured one, or why the search stops."""
+
+    residual_pct: Mapping[str, float]
+    screened: int
+    cpu_s: float
+    next_args: Mapping[str, Any] | None
+    predicted_gain_pct: float | None
+    stop: str | None
+
+
+@dataclass(frozen=True)
 class ValidationDone:
     summary: ValidationSummary
 
@@ -202,6 +217,7 @@ Event = (
     | WorkerFailed
     | WorkerDied
     | TrialDone
+    | TwinRound
     | ValidationStart
     | ValidationRunStart
     | ValidationRunDone

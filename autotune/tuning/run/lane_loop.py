@@ -26,6 +26,7 @@ from autotune.tuning.run.events import RunStart, TrialAbandoned, on_lane
 from autotune.tuning.run.gpu_budget import estimate, over_budget
 from autotune.tuning.run.lanes import RunBudget, run_lanes
 from autotune.tuning.run.settling import settle_bar
+from autotune.tuning.run.twin_refresh import refresh_twin
 from autotune.tuning.search.strategy import MEASURED, planned_total
 
 __all__ = ["GPU_BUDGET", "optuna_value", "run_trials"]
@@ -110,6 +111,8 @@ async def run_trials(
             if out_of_budget():  # the search ends here; the validation phase still runs
                 budget.release()
                 return GPU_BUDGET
+            if cfg.strategy.name == "twin":  # refit and re-screen on what was measured
+                await refresh_twin(ctx)
             # the next trial, claimed exactly once among every lane of every controller of
             # the study; or wait while others run the rest of the current stage
             got = claims.next(index)

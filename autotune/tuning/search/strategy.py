@@ -124,6 +124,8 @@ def next_stage(
         return None
     if st.name in ("joint", "random"):
         return st.name
+    if st.name == "twin":  # the round that names each config: tuning/measure/twin_round.py
+        return "twin" if _done(trials, "twin") < st.twin.real_trials else None
     if st.name == "grid":
         return "grid" if _done(trials, "grid", running=True) < len(grid_points(b, st)) else None
     for stage in stage_plan(trials, st, b):
@@ -141,6 +143,8 @@ def planned_total(
     """How many trials the plan holds in all (for "trial k of N" displays)."""
     if st.name in ("joint", "random"):
         return max(st.n_trials, enqueued)
+    if st.name == "twin":
+        return min(st.n_trials, enqueued + st.twin.real_trials)
     if st.name == "grid":
         return min(st.n_trials, enqueued + len(grid_points(b, st)))
     stages = sum(s.budget for s in stage_plan(trials, st, b))

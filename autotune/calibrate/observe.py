@@ -1,0 +1,94 @@
+"""What a probe measured, reduced to the few figures the fit compares (docs/calibrate.md#3-the-fit).
+
+The same reduction reads a live server's client records and the simulated twin's request
+timings, so measured and predicted figures are the same statistic of the same load: the
+trimmed means of a probe's inter-token gaps and TTFTs, and the mean TTFT of a burst's slowest
+quarter (the API server's queue). Why trimmed means and not medians: a request's TTFT jumps
+by a whole step when its arrival crosses a step's start, and a median of a few requests
+jumps with it, which leaves the fit's finite differences meaningless; a mean moves by a
+fraction of that, and trimming keeps a real server's stray pause out. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.calibrate.probes import Probe
+from autotune.loadgen import RequestRecord
+from autotune.sim import RequestTiming
+
+__all__ = [
+    "Observation",
+    "Timing",
+    "observe",
+    "timings_of_records",
+    "timings_of_sim",
+    "trimmed_mean",
+]
+
+_TRIM = 0.1  # share cut from each end
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One request's client-side timing: TTFT and the gaps between its tokens (seconds)."""
+
+    ttft: float
+    itl: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One figure of one probe: ``metric`` is ``itl`` (the gaps' trimmed mean), ``ttft``
+    (trimmed mean) or ``ttft_last`` (a burst's slowest quarter's mean); seconds."""
+
+    probe: str
+    metric: str
+    value: float
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.probe, self.metric)
+
+
+def timings_of_records(records: Iterable[RequestRecord]) -> list[Timing]:
+    """The successful requests of a live run (warm-up requests left out)."""
+    return [
+        Timing(r.ttft, tuple(r.itl))
+        for r in records
+        if r.success and not r.warmup and r.ttft is not None
+    ]
+
+
+def timings_of_sim(requests: Iterable[RequestTiming]) -> list[Timing]:
+    """The simulated requests as their client saw them (delivered times)."""
+    return [
+        Timing(r.ttft, tuple(float(x) for x in np.diff(r.token_times)))
+        for r in requests
+        if not r.rejected and not r.warmup
+    ]
+
+
+def trimmed_mean(values: Sequence[float], cut: float = _TRIM) -> float:
+    """The mean of ``values`` without the lowest and highest ``cut`` share of them."""
+    v = np.sort(np.asarray(values, dtype=float))
+    k = int(len(v) * cut)
+    return float(v[k : len(v) - k].mean()) if len(v) > 2 * k else float(v.mean())
+
+
+def observe(probe: Probe, timings: Sequence[Timing]) -> list[Observation]:
+    """The figures ``probe`` is for (module docstring); none when no request succeeded."""
+    if not timings:
+        return []
+    ttfts = [t.ttft for t in timings]
+    gaps = [g for t in timings for g in t.itl]
+    out = [Observation(probe.name, "ttft", trimmed_mean(ttfts))]
+    if probe.kind in ("decode", "concurrency") and gaps:
+        out.append(Observation(probe.name, "itl", trimmed_mean(gaps)))
+    if probe.kind == "burst" and len(ttfts) >= 4:
+        last = sorted(ttfts)[-(len(ttfts) // 4) :]
+        out.append(Observation(probe.name, "ttft_last", float(np.mean(last))))
+    return out

@@ -1,0 +1,136 @@
+"""Robust nonlinear least squares with a prior: Levenberg-Marquardt on a soft-L1 loss.
+
+Why our own and not ``scipy.optimize.least_squares(loss="soft_l1")``: scipy is not one of
+autotune's dependencies, and the problem is small (a handful of log-constants, a few dozen
+residuals), so a damped Gauss-Newton loop in numpy is short. Why a prior: some constants
+move the probes' figures almost alike (a fixed step overhead and a slower weight read both
+lengthen every decode step), and a weak Gaussian prior on the log of each constant, centred
+on the base profile's value, keeps such a pair at its published split instead of letting
+it run off along the ridge; the stated uncertainty of such a constant is then close to the
+prior's width, which says honestly that the probes did not pin it down
+(docs/calibrate.md#3-the-fit).
+
+Pure: it calls the residual function it is given and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["RobustFit", "robust_fit"]
+
+Vector = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class RobustFit:
+    """The fitted parameters, their standard errors (from the posterior's curvature, the
+    noise scale estimated from the residuals), the residuals at the solution, the objective
+    there, the noise scale and how many residual evaluations it took."""
+
+    x: Vector
+    stderr: Vector
+    residuals: Vector
+    cost: float
+    noise: float
+    evaluations: int
+    converged: bool
+
+
+def _loss(u: Vector, c: float) -> float:
+    """Half the soft-L1 loss of the scaled residuals: u^2 / 2 near 0, c |u| far out."""
+    return float(np.sum(c**2 * (np.sqrt(1.0 + (u / c) ** 2) - 1.0)))
+
+
+def robust_fit(
+    residual: Callable[[Vector], Vector],
+    x0: Vector,
+    *,
+    prior_mean: Vector,
+    prior_sigma: Vector,
+    noise: float = 0.05,
+    f_scale: float = 3.0,
+    noise_floor: float = 0.01,
+    max_iter: int = 25,
+    diff_step: float = 0.05,
+    cov_step: float = 0.25,
+    tol: float = 1e-4,
+    time_limit_s: float | None = None,
+) -> RobustFit:
+    """Minimize ``sum(soft_l1(r / noise)) / 2 + sum(((x - mu) / prior_sigma)^2) / 2``.
+
+    ``r`` is ``residual(x)``; ``noise`` is its expected scatter (the data's weight against
+    the prior). ``soft_l1`` is ``2 c^2 (sqrt(1 + (u/c)^2) - 1)`` with ``c = f_scale``:
+    quadratic for a residual within ``f_scale`` noise units, linear beyond, so one wild
+    measurement pulls the fit much less than in plain least squares. The Jacobian is a
+    forward difference of ``diff_step`` in each parameter (the residual function may be
+    piecewise, e.g. a simulator's discrete steps, so the step is not tiny). Each iteration
+    reweights (IRLS) and takes a damped Gauss-Newton step; no new iteration starts once
+    ``time_limit_s`` of CPU are spent (the result is then the best point so far).
+
+    The standard errors come from the posterior's curvature (a central difference of
+    ``cov_step`` each way) with the noise re-estimated
+    from the residuals at the solution, never below ``noise_floor``: a fit that matches its
+    data exactly does not claim a certainty no measurement has.
+    """
+    x = np.asarray(x0, dtype=float).copy()
+    mu = np.asarray(prior_mean, dtype=float)
+    prec = 1.0 / np.asarray(prior_sigma, dtype=float) ** 2
+    n_eval = 0
+
+    def evaluate(v: Vector) -> tuple[Vector, float]:
+        nonlocal n_eval
+        n_eval += 1
+        u = np.asarray(residual(v), dtype=float) / noise
+        return u, _loss(u, f_scale) + 0.5 * float(np.sum(prec * (v - mu) ** 2))
+
+    def jacobian(v: Vector, u: Vector) -> Vector:
+        jac = np.empty((u.size, v.size))
+        for j in range(v.size):
+            vj = v.copy()
+            vj[j] += diff_step
+            jac[:, j] = (evaluate(vj)[0] - u) / diff_step
+        return jac
+
+    u, cost = evaluate(x)
+    lam, converged = 1e-2, False
+    t0 = time.process_time()
+    for _ in range(max_iter):
+        if time_limit_s is not None and time.process_time() - t0 > time_limit_s:
+            break
+        jac = jacobian(x, u)
+        w = 1.0 / np.sqrt(1.0 + (u / f_scale) ** 2)
+        a = jac.T @ (w[:, None] * jac) + np.diag(prec)
+        g = jac.T @ (w * u) + prec * (x - mu)
+        drop = 0.0
+        for _ in range(8):
+            step = np.linalg.solve(a + lam * np.diag(np.diag(a)), -g)
+            u_new, cost_new = evaluate(x + step)
+            if cost_new < cost:
+                drop = (cost - cost_new) / max(cost, 1e-12)
+                x, u, cost = x + step, u_new, cost_new
+                lam = max(lam / 3.0, 1e-6)
+                break
+            lam *= 4.0
+        if drop < tol:
+            converged = True
+            break
+    # The posterior: J'WJ / s^2 + prior precision, s^2 the residuals' weighted scatter. Its
+    # Jacobian is a wide central difference: a narrow one on a piecewise residual reads a
+    # step's jump as information the data do not hold (docs/calibrate.md#3-the-fit).
+    jac = np.empty((u.size, x.size))
+    for j in range(x.size):
+        hi, lo = x.copy(), x.copy()
+        hi[j] += cov_step
+        lo[j] -= cov_step
+        jac[:, j] = (evaluate(hi)[0] - evaluate(lo)[0]) / (2.0 * cov_step)
+    w = 1.0 / np.sqrt(1.0 + (u / f_scale) ** 2)
+    s2 = max(float(np.sum(w * u**2)) / max(1, u.size - x.size), (noise_floor / noise) ** 2)
+    cov = np.linalg.inv(jac.T @ (w[:, None] * jac) / s2 + np.diag(prec))
+    stderr = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    return RobustFit(x, stderr, u * noise, cost, noise * float(np.sqrt(s2)), n_eval, converged)

@@ -1,0 +1,88 @@
+"""One calibration from end to end: probe a live server, fit, write the profile file.
+
+``autotune calibrate`` calls :func:`calibrate_live`; the fit itself is pure
+(:mod:`autotune.calibrate.twin_fit`), this module is the edge that talks to the server and
+writes the file (docs/calibrate.md#1-the-command).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from autotune.calibrate.live import ProbeRun, SuiteRun, run_suite
+from autotune.calibrate.probes import Probe, default_suite
+from autotune.calibrate.twin_fit import Calibration, fit_twin
+from autotune.errors import AutotuneError
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
+from autotune.sim import EngineArgs, TwinFile, dump_twin
+
+__all__ = ["LiveCalibration", "calibrate_live", "measured_here", "write_profile"]
+
+
+@dataclass(frozen=True)
+class LiveCalibration:
+    """The suite as it ran, the fit, and the profile file it makes."""
+
+    suite: SuiteRun
+    calibration: Calibration
+    spec: TwinFile
+
+
+def measured_here(base_url: str, vllm: str | None, model: str | None) -> dict[str, str | None]:
+    """The twin file's ``measured`` block: the server's vLLM version and model, its host (this
+    machine's name for a loopback address) and today's date."""
+    host = urlsplit(base_url).hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1", ""):
+        host = socket.gethostname()
+    return {"vllm": vllm, "model": model, "host": host, "when": dt.date.today().isoformat()}
+
+
+async def calibrate_live(
+    base_url: str,
+    model: ModelProfile,
+    base: HardwareProfile,
+    args: EngineArgs,
+    *,
+    served_model: str | None = None,
+    api_key: str | None = None,
+    probes: Sequence[Probe] | None = None,
+    progress: Callable[[ProbeRun], None] | None = None,
+) -> LiveCalibration:
+    """Probe ``base_url`` with the default suite for ``args``' limits and fit the twin.
+
+    ``args`` are the server's engine args as far as known (the probes stay inside its
+    ``max_model_len``, ``max_num_seqs`` and ``max_num_batched_tokens``; the twin replays the
+    probes with them). ``probes`` replaces the default suite. Raises AutotuneError when no
+    probe completed a request.
+    """
+    resolved = args.resolve(model, base)
+    suite = (
+        list(probes)
+        if probes is not None
+        else default_suite(
+            resolved.max_model_len, resolved.max_num_seqs, resolved.max_num_batched_tokens
+        )
+    )
+    run = await run_suite(base_url, suite, model=served_model, api_key=api_key, progress=progress)
+    if not run.observations:
+        failed = sum(r.failed for r in run.runs)
+        raise AutotuneError(
+            f"calibration: no probe request to {base_url} succeeded ({failed} failed); "
+            "is the server serving this model?"
+        )
+    cal = fit_twin(suite, run.observations, model, base, args)
+    measured = measured_here(run.server.base_url, run.server.version, run.server.model_id)
+    return LiveCalibration(run, cal, cal.spec(measured))
+
+
+def write_profile(spec: TwinFile, out: str | Path) -> Path:
+    """Write the twin file (the directory must exist); returns its path."""
+    path = Path(out)
+    path.write_text(dump_twin(spec))
+    return path

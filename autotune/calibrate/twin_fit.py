@@ -1,0 +1,211 @@
+"""Fit the simulated engine's constants to what the probes measured (docs/calibrate.md#3-the-fit).
+
+The twin predicts each probe by replaying the very same load in virtual time on the base
+profile with candidate constants; the residual of a figure is ``ln(predicted / measured)``,
+so every probe weighs by its relative error whatever its scale. :func:`fit_twin` moves the
+constants in log space (they stay positive) with :func:`~autotune.calibrate.robust.robust_fit`
+and returns a :class:`Calibration`: the fitted values, each with its standard error, and the
+fit's relative error per metric. Pure: the simulator runs in this process, on virtual time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.calibrate.measured_levels import LevelTarget, predict_level
+from autotune.calibrate.observe import Observation, observe, timings_of_sim
+from autotune.calibrate.probes import Probe, probe_sim_requests
+from autotune.calibrate.robust import RobustFit, Vector, robust_fit
+from autotune.profiles.hardware import HardwareProfile
+from autotune.profiles.models import ModelProfile
+from autotune.sim import EngineArgs, Measured, TwinFile, simulate, twin_constants, twin_hardware
+
+__all__ = [
+    "DEFAULT_FITTED",
+    "PRIOR_SIGMA",
+    "Calibration",
+    "Constant",
+    "Target",
+    "fit_twin",
+    "predict",
+]
+
+# (section of the twin file, constant): the step cost's weight read, linear-layer FLOPs,
+# decode KV reads and fixed overhead, and the API server's intake, tokenizing and streaming
+# (docs/calibrate.md#3-the-fit says which probe pins each)
+Constant = tuple[str, str]
+# what the twin is fitted to: probes of a live server, or levels a study measured
+Target = Probe | LevelTarget
+DEFAULT_FITTED: tuple[Constant, ...] = (
+    ("hardware", "eta_bw"),
+    ("hardware", "eta_f"),
+    ("hardware", "eta_attn"),
+    ("cost", "t_fixed"),
+    ("front_end", "per_request"),
+    ("front_end", "per_prompt_token"),
+    ("front_end", "per_output_token"),
+)
+# The prior's width on ln(constant): a factor of 10 either way is one sigma. Wide enough for
+# a server unlike the base profile's; a constant the probes do not pin stays near its base.
+PRIOR_SIGMA = math.log(10.0)
+# A figure the twin cannot produce (every request rejected) costs this much in log units.
+_MISSING = math.log(10.0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted constants by (section, name), each one's standard error (same units), the
+    fit's median relative error per metric in percent, and the twin file they make."""
+
+    base: str
+    values: dict[Constant, float]
+    stderr: dict[Constant, float]
+    residual_pct: dict[str, float]
+    fit: RobustFit
+    observations: tuple[Observation, ...]
+
+    def spec(self, measured: Mapping[str, str | None] | None = None) -> TwinFile:
+        """The twin file: the fitted constants as overrides, their errors, the residuals."""
+        sections: dict[str, dict[str, float]] = {"hardware": {}, "cost": {}, "front_end": {}}
+        for (section, name), v in self.values.items():
+            sections[section][name] = v
+        return TwinFile(
+            autotune_twin=1,
+            base=self.base,
+            hardware=sections["hardware"],
+            cost=sections["cost"],
+            front_end=sections["front_end"],
+            measured=Measured(**(measured or {})),
+            uncertainty={name: v for (_, name), v in self.stderr.items()},
+            residuals=dict(self.residual_pct),
+        )
+
+
+def _candidate(
+    base: str, start: TwinFile | None, values: Mapping[Constant, float]
+) -> HardwareProfile:
+    sections: dict[str, dict[str, float]] = {
+        "hardware": dict(start.hardware) if start else {},
+        "cost": dict(start.cost) if start else {},
+        "front_end": dict(start.front_end) if start else {},
+    }
+    for (section, name), v in values.items():
+        sections[section][name] = v
+    spec = TwinFile(
+        autotune_twin=1,
+        base=base,
+        hardware=sections["hardware"],
+        cost=sections["cost"],
+        front_end=sections["front_end"],
+    )
+    return twin_hardware(spec, f"{base}+fit")
+
+
+def predict(
+    targets: Sequence[Target],
+    model: ModelProfile,
+    hardware: HardwareProfile,
+    args: EngineArgs,
+) -> list[Observation]:
+    """Every target's figures as the simulated engine on ``hardware`` gives them (no
+    jitter): a probe runs on ``args``, a measured level on its own."""
+    out: list[Observation] = []
+    for p in targets:
+        if isinstance(p, LevelTarget):
+            out += predict_level(p, model, hardware)
+            continue
+        res = simulate(
+            model,
+            hardware,
+            args,
+            probe_sim_requests(p),
+            exact=True,
+            jitter_cv=0.0,
+            concurrency=p.concurrency if p.closed_loop else None,
+        )
+        out += observe(p, timings_of_sim(res.requests))
+    return out
+
+
+def fit_twin(
+    probes: Sequence[Target],
+    measured: Sequence[Observation],
+    model: ModelProfile,
+    base: HardwareProfile,
+    args: EngineArgs,
+    *,
+    fitted: Sequence[Constant] = DEFAULT_FITTED,
+    max_iter: int = 25,
+    starts: int = 4,
+    start: TwinFile | None = None,
+    warm: Mapping[Constant, float] | None = None,
+    time_limit_s: float | None = None,
+) -> Calibration:
+    """Fit ``fitted`` constants of ``base`` so the twin's figures for ``probes`` (probes or
+    measured levels) match ``measured``.
+
+    ``base`` must be a built-in profile (its name is the twin file's ``base``); ``start``, a
+    calibrated profile on it, is where the fit starts and what its prior is centred on (its
+    other overrides are kept). ``starts`` runs of the fit from seeded points around it, the
+    best kept. Raises ValueError when nothing was measured or a fitted constant is 0 on the
+    base (its log has no start). ``warm``: constants to begin at (an earlier fit's), the
+    prior staying on ``start``. ``time_limit_s``: CPU seconds for each run of the fit.
+    """
+    if not measured:
+        raise ValueError("no probe measured anything: nothing to fit")
+    begin = twin_constants(twin_hardware(start, base.name) if start is not None else base)
+    names = list(fitted)
+    x0 = np.array([math.log(begin[c]) if begin[c] > 0 else math.nan for c in names])
+    if np.isnan(x0).any():
+        zero = [f"{s}.{n}" for (s, n), v in zip(names, x0, strict=True) if math.isnan(v)]
+        raise ValueError(f"cannot fit constant(s) that are 0 on {base.name}: {zero}")
+    want = {o.key: o.value for o in measured}
+    mu = x0.copy()
+    if warm:
+        x0 = np.array(
+            [math.log(warm[c]) if warm.get(c, 0) > 0 else v for c, v in zip(names, x0, strict=True)]
+        )
+
+    def residual(x: Vector) -> Vector:
+        hw = _candidate(base.name, start, dict(zip(names, np.exp(x), strict=True)))
+        got = {o.key: o.value for o in predict(probes, model, hw, args)}
+        return np.array(
+            [
+                math.log(got[k] / v) if got.get(k, 0) > 0 and v > 0 else _MISSING
+                for k, v in want.items()
+            ]
+        )
+
+    # The probes' figures are piecewise in the constants (a request that arrives just after a
+    # step starts waits a whole step), so a damped Gauss-Newton run can stop in a local
+    # dip: start it from the base and from a few seeded points around it, keep the best.
+    rng = np.random.default_rng(0)
+    fits = [
+        robust_fit(
+            residual,
+            x0 + (rng.uniform(-1.0, 1.0, x0.size) if k else 0.0),
+            prior_mean=mu,
+            prior_sigma=np.full(x0.size, PRIOR_SIGMA),
+            max_iter=max_iter,
+            time_limit_s=time_limit_s,
+        )
+        for k in range(starts)
+    ]
+    fit = min(fits, key=lambda f: f.cost)
+    values = dict(zip(names, (float(v) for v in np.exp(fit.x)), strict=True))
+    # d(e^x) = e^x dx: a log-space error is a relative one
+    stderr = {c: values[c] * float(s) for c, s in zip(names, fit.stderr, strict=True)}
+    by_metric: dict[str, list[float]] = {}
+    for (_, metric), r in zip(want, fit.residuals, strict=True):
+        by_metric.setdefault(metric, []).append(abs(math.expm1(r)) * 100.0)
+    residual_pct = {m: round(float(np.median(v)), 2) for m, v in sorted(by_metric.items())}
+    if start is not None:  # the start's other overrides stay in the fitted profile
+        kept = twin_constants(twin_hardware(start, base.name))
+        own = {("hardware", k) for k in start.hardware} | {("cost", k) for k in start.cost}
+        own |= {("front_end", k) for k in start.front_end}
+        values = {**{c: kept[c] for c in own if c not in values}, **values}
+    return Calibration(base.name, values, stderr, residual_pct, fit, tuple(measured))

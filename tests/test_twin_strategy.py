@@ -1,0 +1,135 @@
+"""The twin strategy on sim-virtual: a twin started from deliberately wrong constants is
+refitted to the real worker's levels and steers the real trials to the real optimum
+(docs/tuning.md#15-the-twin-strategy)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from support.studies import config
+
+from autotune.errors import ConfigError
+from autotune.sim import Measured, TwinFile, dump_twin, hardware_of, load_twin
+from autotune.store import Store
+from autotune.tuning import attrs, study_attrs
+from autotune.tuning.measure.protocol import Protocol, measure_config
+from autotune.tuning.measure.twin_round import screen
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study, study_workload, twin_warnings
+from autotune.tuning.run.events import Event, TwinRound
+from autotune.tuning.run.twin_refresh import twin_start
+from autotune.tuning.search.plan import build_bounds, model_of
+
+# the real worker is A100-80GB; the twin starts 2x slower on weights and 4x on overhead
+WRONG = TwinFile(
+    autotune_twin=1,
+    base="A100-80GB",
+    hardware={"eta_bw": 0.4},
+    cost={"t_fixed": 3e-3},
+    front_end={"per_request": 1e-3},
+)
+SLO = {"p99_ttft_ms": 3000, "p99_tpot_ms": 30}
+
+
+def twin_config(tmp_path: Path, **twin: Any) -> tuple[Any, str]:
+    path = tmp_path / "wrong.yaml"
+    path.write_text(dump_twin(WRONG))
+    strategy = {
+        "name": "twin",
+        "capacity_levels": 12,
+        "capacity_high": 16.0,
+        "twin": {"profile": f"file:{path}", "real_trials": 4, "screen_cpu_s": 15.0, **twin},
+    }
+    return config(slo=SLO, strategy=strategy)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as s:
+        yield s
+
+
+@pytest.mark.config_field("strategy.twin.profile")
+@pytest.mark.config_field("strategy.twin.screen_cpu_s")
+def test_a_wrong_twin_is_refitted_and_finds_the_real_optimum(store: Store, tmp_path: Path) -> None:
+    cfg, text = twin_config(tmp_path)
+    create_study(cfg, text, store)
+    rounds: list[TwinRound] = []
+
+    def seen(e: Event) -> None:
+        if isinstance(e, TwinRound):
+            rounds.append(e)
+
+    report = run_study("t", store, on_event=seen)
+    assert report.stopped_by == "plan complete"
+    trials = store.trials("t")
+    assert trials[0].stage == "baseline"
+    assert {t.stage for t in trials[1:]} == {"twin"} and 1 <= len(trials) - 1 <= 4
+    # a round ran after every measured trial; the last one said why the search ends
+    assert len(rounds) == len(trials) and rounds[-1].stop is not None
+    assert all(r.cpu_s <= 15.0 * 1.5 for r in rounds)
+    # every twin trial carries the twin's prediction beside its measurement
+    study = optuna.load_study(study_name="t", storage=store.optuna_storage())
+    for ft in study.trials[1:]:
+        pred = attrs.twin_prediction(ft)
+        assert pred is not None and ft.value is not None
+        assert abs(pred / ft.value - 1) < 0.05  # refitted: within 5 % of what it measured
+    assert attrs.twin_prediction(study.trials[0]) is None
+    stored = study_attrs.read_twin(study)
+    assert stored is not None and stored["trials_seen"] == len(trials)
+    assert max(stored["residual_pct"].values()) < 5
+    # the real optimum: 25 s of screening on the real worker's own profile
+    model = model_of(cfg)
+    wl = study_workload(cfg, vocab_size=model.vocab_size)
+    bounds = build_bounds(cfg, model, wl.profile(), 0)
+    real = hardware_of("A100-80GB")
+    truth = screen(cfg, real, wl, bounds, cpu_s=25, max_configs=300)[0][1]
+    best = max(t.objective or 0.0 for t in trials)
+    assert best >= 0.97 * truth, (best, truth)
+    # the wrong twin alone, unfitted, would have predicted a third of that
+    wrong = screen(cfg, load_twin(f"file:{tmp_path / 'wrong.yaml'}").hardware, wl, bounds, cpu_s=5)
+    assert wrong[0][1] < 0.5 * truth
+    proto = Protocol(cfg.strategy.capacity_resolution, 0.0)
+    pick = asyncio.run(measure_config(cfg, wrong[0][0], proto, workload=wl, hardware=real))
+    assert pick.objective < truth
+
+
+@pytest.mark.config_field("strategy.twin.real_trials")
+def test_real_trials_caps_the_twin_trials(store: Store, tmp_path: Path) -> None:
+    cfg, text = twin_config(tmp_path, real_trials=1, screen_cpu_s=3.0)
+    create_study(cfg, text, store)
+    run_study("t", store)
+    assert [t.stage for t in store.trials("t")] == ["baseline", "twin"]
+
+
+def test_the_twin_profile_must_be_a_calibrated_profile_file() -> None:
+    with pytest.raises(ConfigError, match=r"strategy\.twin\.profile.*file:PATH") as err:
+        config(strategy={"name": "twin", "twin": {"profile": "H100-80GB"}})
+    assert str(err.value).startswith("test.yaml:")  # the file and the line
+
+
+def test_the_twin_starts_from_the_profile_else_the_studys_hardware(tmp_path: Path) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text(dump_twin(WRONG))
+    assert twin_start(None, "H100-80GB") == ("H100-80GB", None)
+    assert twin_start(f"file:{path}", "H100-80GB") == ("A100-80GB", WRONG)
+    assert twin_start(None, f"file:{path}") == ("A100-80GB", WRONG)
+
+
+def test_a_profile_fitted_on_another_model_is_warned_at_create(
+    store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "w.yaml"
+    elsewhere = WRONG.model_copy(update={"measured": Measured(vllm="0.31.0", model="other/model")})
+    path.write_text(dump_twin(elsewhere))
+    cfg, text = config(strategy={"name": "twin", "twin": {"profile": f"file:{path}"}})
+    rec = create_study(cfg, text, store)
+    assert rec.workload_profile["warnings"] == [
+        f"the calibrated profile file:{path} was fitted elsewhere: vLLM 0.32.0 here, 0.31.0 "
+        "fitted; model meta-llama/Llama-3.1-8B-Instruct here, other/model fitted"
+    ]
+    assert twin_warnings(config()[0]) == []  # no calibrated profile, nothing to say
