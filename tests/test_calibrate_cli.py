@@ -69,7 +69,7 @@ def test_calibrate_probes_a_live_server_and_writes_a_profile_that_predicts_it(
     finally:
         stop(proc)
     assert done.returncode == 0, done.stderr
-    assert "probe decode-p16-o64-c1: 3 ok, 0 failed" in done.stdout
+    assert "probe decode-p16-o64-c1: 5 ok, 0 failed" in done.stdout
     assert f"wrote {out}" in done.stdout
     twin = load_twin(f"file:{out}")
     assert twin.spec.base == "H100-80GB"

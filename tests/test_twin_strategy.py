@@ -10,10 +10,12 @@ from typing import Any
 
 import optuna
 import pytest
+from support.cli_main import run_main
 from support.studies import config
 
+from autotune.calibrate import Probe, predict
 from autotune.errors import ConfigError
-from autotune.sim import Measured, TwinFile, dump_twin, hardware_of, load_twin
+from autotune.sim import EngineArgs, Measured, TwinFile, dump_twin, hardware_of, load_twin
 from autotune.store import Store
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.measure.protocol import Protocol, measure_config
@@ -133,3 +135,41 @@ def test_a_profile_fitted_on_another_model_is_warned_at_create(
         "fitted; model meta-llama/Llama-3.1-8B-Instruct here, other/model fitted"
     ]
     assert twin_warnings(config()[0]) == []  # no calibrated profile, nothing to say
+
+
+def test_calibrate_from_study_fits_the_stored_levels(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`autotune calibrate --from-study`: a study measured on the real profile; the fit,
+    started from the wrong one, comes back near the real worker's step."""
+    cfg, text = config(slo=SLO, strategy={"name": "joint", "n_trials": 1, "capacity_levels": 8})
+    create_study(cfg, text, store)
+    run_study("t", store)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(dump_twin(WRONG))
+    out = tmp_path / "fitted.yaml"
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    args = ["calibrate", "--from-study", "t", "--storage", url, "--hardware", f"file:{wrong}"]
+    code, stdout, err = run_main([*args, "--out", str(out)], capsys)
+    assert code == 0, err
+    assert f"wrote {out}" in stdout
+    fitted = load_twin(f"file:{out}")
+    assert fitted.spec.base == "A100-80GB"
+    assert max(fitted.spec.residuals.values()) < 5
+    # one decode step of 64 sequences: the fit lands near the real profile's, far from the
+    # wrong start's
+    unseen = [Probe("concurrency", 512, 64, requests=64, concurrency=64)]
+    args_ = EngineArgs(max_model_len=2048)
+    model = model_of(cfg)
+    gap = {
+        name: next(o.value for o in predict(unseen, model, hw, args_) if o.metric == "itl")
+        for name, hw in (
+            ("real", hardware_of("A100-80GB")),
+            ("fitted", fitted.hardware),
+            ("wrong", load_twin(f"file:{wrong}").hardware),
+        )
+    }
+    assert abs(gap["fitted"] / gap["real"] - 1) < 0.1
+    assert gap["wrong"] > 1.3 * gap["real"]
+    code, _, err = run_main(["calibrate", "--from-study", "nope", "--storage", url], capsys)
+    assert code == 4 and "no study named 'nope'" in err

@@ -59,17 +59,17 @@ def default_suite(
     max_model_len: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048
 ) -> list[Probe]:
     """The probes for a server with these limits: every prompt fits one step and the context,
-    every concurrency fits ``max_num_seqs``. About 250 requests; a few minutes on a GPU."""
+    every concurrency fits ``max_num_seqs``. About 270 requests; a few minutes on a GPU."""
     room = max_model_len - 64  # the longest prompt that still leaves a 64-token output
     prefill_cap = min(room, max_num_batched_tokens)
     if prefill_cap < 16:
         raise ValueError(f"max_model_len {max_model_len} leaves no room for the probes")
     out: list[Probe] = []
     for p in sorted({16, min(room, max_model_len // 4), min(room, max_model_len // 2)}):
-        out.append(Probe("decode", max(p, 1), 64, requests=3))
+        out.append(Probe("decode", max(p, 1), 64, requests=5))
     for p in sorted({16, 128, 512, 2048} | {prefill_cap}):
         if p <= prefill_cap:
-            out.append(Probe("prefill", p, 1, requests=3))
+            out.append(Probe("prefill", p, 1, requests=5))
     for n in (4, 16, 64):
         if n <= max_num_seqs:
             out.append(Probe("concurrency", 64, 64, requests=2 * n, concurrency=n))

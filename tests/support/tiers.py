@@ -77,6 +77,7 @@ SLOW: tuple[str, ...] = (
     # the twin strategy's studies with their CPU-bound rounds, and calibrating over HTTP
     "tests/test_twin_strategy.py::test_a_wrong_twin_is_refitted_and_finds_the_real_optimum",
     "tests/test_twin_strategy.py::test_real_trials_caps_the_twin_trials",
+    "tests/test_twin_strategy.py::test_calibrate_from_study_fits_the_stored_levels",
     "tests/test_calibrate_cli.py",
     "tests/test_calibrate_fit.py::test_the_fit_recovers_known_constants_within_their_stated_uncertainty",
     # real controllers and workers on a private PostgreSQL cluster: 13-52 s each

@@ -39,7 +39,14 @@ from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
 from autotune.workload.sustain import sustain
 
-__all__ = ["TwinRound", "args_key", "level_targets", "screen", "twin_round"]
+__all__ = [
+    "TwinRound",
+    "args_key",
+    "fit_from_trials",
+    "level_targets",
+    "screen",
+    "twin_round",
+]
 
 # levels per measured trial the fit replays: the highest feasible ones and the lowest
 # infeasible one, where the SLO verdict turns (the constants that move capacity show there)
@@ -132,6 +139,24 @@ def level_targets(
 
 def _names(targets: Sequence[LevelTarget]) -> set[str]:
     return {t.name for t in targets[-_MAX_TARGETS:]}
+
+
+def fit_from_trials(
+    cfg: StudyConfig,
+    model: ModelProfile,
+    base: HardwareProfile,
+    wl: Workload,
+    trials: Sequence[TrialRecord],
+    *,
+    start: TwinFile | None = None,
+) -> Calibration:
+    """The twin fitted to a study's measured levels (``autotune calibrate --from-study``,
+    docs/calibrate.md#4-from-measured-levels). Raises ValueError when no trial measured a
+    level with figures."""
+    targets, observed = level_targets(cfg, wl, trials)
+    if not targets:
+        raise ValueError(f"study {cfg.name!r} has no measured level to fit to")
+    return fit_twin(targets, observed, model, base, sim_engine_args({}, {}), starts=2, start=start)
 
 
 def screen(

@@ -1,0 +1,254 @@
+"""How well a calibrated twin predicts real vLLM (CPU) on configs it was not fitted on.
+
+1. Builds the ``tuning`` size of the test model (``--quick``: the tiny one; docs/vllm-cpu.md,
+   section 8) and serves it with the calibration config.
+2. ``autotune calibrate``'s probe suite against that server, and the fit (base profile ``CPU``).
+3. For the calibration config and each held-out config (other ``max_num_seqs``,
+   ``max_num_batched_tokens`` and ``max_model_len``), one fresh server: its capacity measured
+   with a burst (every request at t = 0; output tok/s and req/s at saturation), then Poisson
+   loads at 50 % and 85 % of that capacity, ``--repeats`` times each, interleaved
+   (50, 85, 85, 50, 50, 85, ...). The same requests, arrivals and engine args are replayed on
+   three predictors: the calibrated twin, the uncalibrated simulator (``CPU``) and a constant
+   (the calibration config's own median figures at the same load share).
+4. Errors are against the median of the repeats; a point's noise band is its repeats' spread
+   ((max - min) / median). Throughput errors are on the capacities (a load below capacity
+   serves what is offered, which any predictor gets right); the loads' output tok/s are
+   printed beside them.
+
+Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N]
+Ends with one JSON line: ``heldout_throughput_err_pct_max``, ``heldout_p50_ttft_err_pct_max``,
+``heldout_p50_tpot_err_pct_max``, ``noise_band_pct``, ``constant_predictor_err_pct_max`` and
+the per-predictor, per-point figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from real_study import ENV, Server, build_model, find_venv
+
+from autotune.calibrate.server_fit import calibrate_live
+from autotune.config import parse_config
+from autotune.loadgen import LoadOptions, make_session, probe_server, run_load
+from autotune.loadgen.tokens import prepare_for_server, server_tokens
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
+from autotune.sim import EngineArgs, replay_level, twin_hardware
+from autotune.workload.core import Workload, WorkloadRequest
+
+KV_BYTES = 268435456
+CALIBRATION = {"max_model_len": 1024, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
+HELD_OUT = [
+    {"max_model_len": 1024, "max_num_seqs": 2, "max_num_batched_tokens": 2048},
+    {"max_model_len": 1024, "max_num_seqs": 4, "max_num_batched_tokens": 1024},
+    {"max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 4096},
+    {"max_model_len": 1024, "max_num_seqs": 32, "max_num_batched_tokens": 1024},
+    {"max_model_len": 1024, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+    {"max_model_len": 512, "max_num_seqs": 16, "max_num_batched_tokens": 512},
+]
+SHARES = (0.5, 0.85)
+METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
+
+
+def requests(n: int, rate: float | None, seed: int) -> Workload:
+    """``n`` requests of 64-256 prompt and 32-96 output tokens, Poisson at ``rate`` (None:
+    all at t = 0)."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, n) if rate else np.zeros(n)
+    t = np.cumsum(gaps) - (gaps[0] if rate else 0.0)
+    return Workload(
+        [
+            WorkloadRequest(
+                int(rng.integers(64, 257)),
+                int(rng.integers(32, 97)),
+                arrival=float(t[i]),
+                request_id=f"r{seed}-{i}",
+            )
+            for i in range(n)
+        ],
+        "twin fidelity",
+    )
+
+
+def serve(venv: Path, model: Path, ea: dict[str, Any], workdir: Path) -> Server:
+    argv = [str(venv / "bin" / "vllm"), "serve", str(model), "--served-model-name", "m"]
+    for k, v in ea.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    argv += ["--enforce-eager", "--kv-cache-memory-bytes", str(KV_BYTES), "--port", "0"]
+    cfg = parse_config(
+        f"name: f\nmodel: {{name: {model}}}\nhardware: CPU\n"
+        "workload: {source: synthetic, rate: 1}\nworker: {kind: vllm}\nslo: {p99_ttft_ms: 1000}\n",
+        "twin_fidelity.yaml",
+    )
+    return Server(argv, cfg, workdir)
+
+
+async def measure(url: str, wl: Workload) -> dict[str, float]:
+    info = await probe_server(url)
+    async with make_session() as session:
+        tokens = await server_tokens(session, info)
+        sent = await prepare_for_server(
+            wl, tokens, endpoint="completions", vocab_size=info.vocab_size or 2000
+        )
+    res = await run_load(url, sent.requests, LoadOptions(model=info.model_id, drain_timeout=300))
+    s = res.summary
+    return {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput", "completed")}
+
+
+def predicted(model: Any, hw: Any, ea: dict[str, Any], wl: Workload) -> dict[str, float]:
+    args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
+    lvl = replay_level(model, hw, args, wl, seed=0, jitter_cv=0.0)
+    return {k: float(lvl.summary.get(k) or 0.0) for k in (*METRICS, "request_throughput")}
+
+
+def err(p: float, m: float) -> float:
+    return abs(p / m - 1.0) * 100.0 if m > 0 else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--venv")
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    venv = find_venv(a.venv)
+    held = HELD_OUT[:1] if a.quick else HELD_OUT
+    repeats = 1 if a.quick else a.repeats
+    burst_n, load_s = (16, 5.0) if a.quick else (96, 25.0)
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="twinfid-"))
+    model_dir = work / "model"
+    if a.quick:
+        import subprocess
+
+        subprocess.run(
+            [str(venv / "bin/python"), "tests/real_vllm/make_tiny_model.py", str(model_dir)],
+            check=True,
+            capture_output=True,
+            env={**ENV, "PATH": "/usr/bin:/bin", "HF_HOME": str(work / "hf")},
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    else:
+        build_model(venv, model_dir)
+    model, base = get_model(str(model_dir)), get_hardware("CPU")
+    rows: dict[str, Any] = {}
+    twin = None
+    for i, ea in enumerate([CALIBRATION, *held]):
+        label = "calibration" if i == 0 else f"held-out {i}"
+        srv = serve(venv, model_dir, ea, work / f"w{i}")
+        try:
+            if i == 0:
+                args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
+                live = asyncio.run(calibrate_live(srv.url, model, base, args))
+                twin = twin_hardware(live.calibration.spec(), "twin")
+                print(f"calibrated in {live.suite.wall_s:.0f} s: {live.calibration.residual_pct}")
+            burst = requests(burst_n, None, 100 + i)
+            cap = asyncio.run(measure(srv.url, burst))
+            row: dict[str, Any] = {"engine_args": ea, "capacity": cap, "burst": burst, "loads": {}}
+            order = [s for k in range(repeats) for s in (SHARES if k % 2 == 0 else SHARES[::-1])]
+            for k, share in enumerate(order):
+                rate = share * cap["request_throughput"]
+                wl = requests(max(20, int(rate * load_s)), rate, 200 + i * 10 + SHARES.index(share))
+                m = asyncio.run(measure(srv.url, wl))
+                row["loads"].setdefault(str(share), {"rate": rate, "wl": wl, "runs": []})
+                row["loads"][str(share)]["runs"].append(m)
+                print(f"{label} {ea} share {share} run {k}: {json.dumps(m)}", flush=True)
+        finally:
+            srv.stop()
+        rows[label] = row
+    assert twin is not None
+    report(rows, model, base, twin, held, time.monotonic() - t0)
+
+
+def report(
+    rows: dict[str, Any], model: Any, base: Any, twin: Any, held: list[Any], wall: float
+) -> None:
+    cal = rows["calibration"]
+    errs: dict[str, dict[str, list[float]]] = {p: {} for p in ("twin", "sim", "constant")}
+    spreads: dict[str, list[float]] = {}
+    points = []
+    for label, row in rows.items():
+        ea = row["engine_args"]
+        burst = row["burst"]
+        for p, hw in (("twin", twin), ("sim", base)):
+            cap_pred = predicted(model, hw, ea, burst)["output_throughput"]
+            e = err(cap_pred, row["capacity"]["output_throughput"])
+            if label != "calibration":
+                errs[p].setdefault("capacity", []).append(e)
+            points.append((label, "capacity", p, cap_pred, row["capacity"]["output_throughput"]))
+        if label != "calibration":
+            c = cal["capacity"]["output_throughput"]
+            errs["constant"].setdefault("capacity", []).append(
+                err(c, row["capacity"]["output_throughput"])
+            )
+        for share, load in row["loads"].items():
+            runs = load["runs"]
+            med = {k: statistics.median(r[k] for r in runs) for k in METRICS}
+            for k in METRICS:
+                vals = [r[k] for r in runs]
+                if len(vals) > 1 and med[k] > 0:
+                    spreads.setdefault(k, []).append((max(vals) - min(vals)) / med[k] * 100)
+            preds = {
+                "twin": predicted(model, twin, ea, load["wl"]),
+                "sim": predicted(model, base, ea, load["wl"]),
+                "constant": {
+                    k: statistics.median(r[k] for r in cal["loads"][share]["runs"]) for k in METRICS
+                },
+            }
+            for p, pr in preds.items():
+                for k in METRICS:
+                    points.append((label, f"{k}@{share}", p, pr[k], med[k]))
+                    if label != "calibration":
+                        errs[p].setdefault(k, []).append(err(pr[k], med[k]))
+    print(f"\n{'point':<14}{'figure':<26}{'predictor':<10}{'predicted':>12}{'measured':>12}")
+    for label, fig, p, pv, mv in points:
+        print(f"{label:<14}{fig:<26}{p:<10}{pv:>12.2f}{mv:>12.2f}")
+    print(f"\nheld-out errors, % (max / median) over {len(held)} configs x {len(SHARES)} loads:")
+    for p, by in errs.items():
+        line = ", ".join(
+            f"{k} {max(v):.1f}/{statistics.median(v):.1f}"
+            for k, v in ((k, [x for x in v if x == x]) for k, v in by.items())
+            if v
+        )
+        print(f"  {p:<9} {line}")
+    noise = {k: round(statistics.median(v), 2) for k, v in spreads.items()}
+    print(f"noise band (median spread of the repeats, %): {noise}; wall {wall:.0f} s")
+
+    def mx(p: str, k: str) -> float | None:
+        vals = [v for v in errs[p].get(k, []) if v == v]  # NaN: nothing measured to compare
+        return round(max(vals), 2) if vals else None
+
+    out = {
+        "heldout_throughput_err_pct_max": mx("twin", "capacity"),
+        "heldout_p50_ttft_err_pct_max": mx("twin", "median_ttft_ms"),
+        "heldout_p50_tpot_err_pct_max": mx("twin", "median_tpot_ms"),
+        "noise_band_pct": max(noise.values()) if noise else None,
+        "noise_band_by_metric_pct": noise,
+        "constant_predictor_err_pct_max": {
+            k: mx("constant", k) for k in ("capacity", "median_ttft_ms", "median_tpot_ms")
+        },
+        "uncalibrated_err_pct_max": {
+            k: mx("sim", k) for k in ("capacity", "median_ttft_ms", "median_tpot_ms")
+        },
+        "twin_err_pct_max": {k: mx("twin", k) for k in errs["twin"]},
+        "heldout_configs": len(held),
+        "wall_s": round(wall, 1),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
