@@ -154,7 +154,12 @@ def main() -> None:
                 args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
                 live = asyncio.run(calibrate_live(srv.url, model, base, args))
                 twin = twin_hardware(live.calibration.spec(), "twin")
-                print(f"calibrated in {live.suite.wall_s:.0f} s: {live.calibration.residual_pct}")
+                cal = live.calibration
+                print(f"calibrated in {live.suite.wall_s:.0f} s: {cal.residual_pct}")
+                for (section, name), v in cal.values.items():
+                    print(f"  {section}.{name} = {v:.4g} ± {cal.stderr[(section, name)]:.2g}")
+                for o in live.suite.observations:  # what the probes measured
+                    print(f"  probe {o.probe} {o.metric} {o.value * 1e3:.2f} ms")
             burst = requests(burst_n, None, 100 + i)
             cap = asyncio.run(measure(srv.url, burst))
             row: dict[str, Any] = {"engine_args": ea, "capacity": cap, "burst": burst, "loads": {}}
