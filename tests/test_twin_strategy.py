@@ -15,8 +15,9 @@ from support.studies import config
 
 from autotune.calibrate import Probe, predict
 from autotune.errors import ConfigError
+from autotune.report.twin_summary import twin_lines
 from autotune.sim import EngineArgs, Measured, TwinFile, dump_twin, hardware_of, load_twin
-from autotune.store import Store
+from autotune.store import Store, TrialRecord
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.measure.protocol import Protocol, measure_config
 from autotune.tuning.measure.twin_round import screen
@@ -101,11 +102,40 @@ def test_a_wrong_twin_is_refitted_and_finds_the_real_optimum(store: Store, tmp_p
 
 
 @pytest.mark.config_field("strategy.twin.real_trials")
-def test_real_trials_caps_the_twin_trials(store: Store, tmp_path: Path) -> None:
+def test_real_trials_caps_the_twin_trials(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg, text = twin_config(tmp_path, real_trials=1, screen_cpu_s=3.0)
     create_study(cfg, text, store)
     run_study("t", store)
-    assert [t.stage for t in store.trials("t")] == ["baseline", "twin"]
+    trials = store.trials("t")
+    assert [t.stage for t in trials] == ["baseline", "twin"]
+    # `study show` puts the twin's prediction beside the measurement
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    code, out, err = run_main(["study", "show", "t", "--storage", url], capsys)
+    assert code == 0, err
+    assert "twin: trial 1 " in out and f"{trials[1].objective:,.1f} measured" in out
+    assert "median error" in out and "twin: last fit's median error per level figure" in out
+
+
+def test_twin_lines_put_each_prediction_beside_its_measurement() -> None:
+    def trial(n: int, objective: float) -> TrialRecord:
+        return TrialRecord(
+            "t", n, "twin", "COMPLETE", {}, {}, None, None, "sim-virtual", objective=objective
+        )
+
+    lines = twin_lines(
+        {"residual_pct": {"itl": 1.25}, "stop": "nothing left"},
+        {1: 110.0, 2: 95.0},
+        [trial(0, 100.0), trial(1, 100.0), trial(2, 100.0)],
+    )
+    assert lines == [
+        "twin: trial 1 110.0 predicted, 100.0 measured (+10.0 %); trial 2 95.0 predicted, "
+        "100.0 measured (-5.0 %); median error 7.5 % over 2 trial(s)",
+        "twin: last fit's median error per level figure: itl 1.2 %; the search stopped: "
+        "nothing left",
+    ]
+    assert twin_lines(None, {}, [trial(0, 1.0)]) == []
 
 
 def test_the_twin_profile_must_be_a_calibrated_profile_file() -> None:

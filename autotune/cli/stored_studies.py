@@ -34,13 +34,14 @@ from autotune.report.tables import (
     show_table,
     spread_lines,
 )
+from autotune.report.twin_summary import twin_lines
 from autotune.store import NoDatabaseError
 from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.interval import summary_of
 from autotune.tuning.measure.level_plan import lattice_of
 from autotune.tuning.run.create import load_study_config
 from autotune.tuning.run.status import study_plan, study_status
-from autotune.tuning.study_attrs import stored_noise
+from autotune.tuning.study_attrs import stored_noise, stored_twin
 
 __all__ = ["JsonOpt", "best", "delete", "export", "list_cmd", "show", "status"]
 
@@ -80,6 +81,7 @@ def show(
         plan = study_plan(store, name)
         repeats = store.repeats(name)
         noise = stored_noise(store, name)
+        twin = twin_lines(*stored_twin(store, name), trials)
     cfg = load_study_config(study)
     lattice = lattice_of(cfg)
     rec = recommend(cfg, trials, repeats, noise)
@@ -104,6 +106,7 @@ def show(
                 if rec is not None and rec.validated
                 else None,
                 "hints": hints,
+                "twin": twin,
             }
         )
         return
@@ -115,6 +118,8 @@ def show(
         Console(width=width).print(escape(legend), highlight=False)
     for line in plan:
         Console(width=width).print(f"plan: {escape(line)}", highlight=False)
+    for line in twin:  # docs/tuning.md#15-the-twin-strategy
+        Console(width=width).print(escape(line), highlight=False)
     Console(width=width).print(escape(cost.text), highlight=False)
     for line in spread_lines(trials, study.mode, lattice) + validation + hints:
         Console(width=width).print(escape(line), highlight=False)

@@ -15,7 +15,7 @@ from optuna.storages import BaseStorage
 
 from autotune.errors import StorageError
 from autotune.store import Store
-from autotune.tuning.attrs import enqueue_attrs
+from autotune.tuning.attrs import enqueue_attrs, twin_prediction
 from autotune.tuning.measure.noise import NoiseRecord
 from autotune.tuning.search.space import SpaceBounds, enqueue_params
 
@@ -32,6 +32,7 @@ __all__ = [
     "read_twin",
     "read_widenings",
     "stored_noise",
+    "stored_twin",
     "write_noise",
     "write_twin",
     "write_validation",
@@ -141,6 +142,26 @@ def stored_noise(store: Store, name: str) -> NoiseRecord | None:
     except KeyError:
         return None
     return read_noise(storage.get_study_user_attrs(sid))
+
+
+def stored_twin(store: Store, name: str) -> tuple[dict[str, Any] | None, dict[int, float]]:
+    """The twin strategy's latest round of study ``name`` and what the twin predicted for
+    each twin trial before it ran (trial number -> objective), as stored with its Optuna
+    study; (None, {}) for a study of another strategy."""
+    rec = store.get_study(name)
+    if rec is None:
+        return None, {}
+    storage = store.optuna_storage()
+    try:
+        sid = storage.get_study_id_from_name(rec.optuna_study_name)
+    except KeyError:
+        return None, {}
+    preds = {
+        t.number: p
+        for t in storage.get_all_trials(sid, deepcopy=False)
+        if (p := twin_prediction(t)) is not None
+    }
+    return read_twin(storage.get_study_user_attrs(sid)), preds
 
 
 def open_study(
