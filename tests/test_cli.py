@@ -81,6 +81,13 @@ def test_sim_hardware_json() -> None:
     assert h100["vllm_default_max_num_seqs"] == 1024
     assert h100["vllm_default_max_num_batched_tokens"] == 8192
     assert rows["A100-80GB"]["vllm_default_max_num_batched_tokens"] == 2048
+    # the CPU backend's profile, with vLLM's CPU batch defaults
+    cpu = rows["CPU"]
+    assert cpu["backend"] == "cpu" and h100["backend"] == "cuda"
+    assert (cpu["vllm_default_max_num_seqs"], cpu["vllm_default_max_num_batched_tokens"]) == (
+        128,
+        2048,
+    )
 
 
 def test_sim_models_table() -> None:

@@ -14,7 +14,12 @@ from autotune.cli._app import console as _console
 from autotune.cli._app import print_json as _print_json
 from autotune.cli._app import sim_app
 from autotune.errors import SimStartupError
-from autotune.profiles.hardware import GiB, HardwareProfile, builtin_hardware
+from autotune.profiles.hardware import (
+    GiB,
+    HardwareProfile,
+    builtin_cpu_hardware,
+    builtin_hardware,
+)
 from autotune.profiles.models import ModelProfile, builtin_models, get_model
 from autotune.sim import EngineArgs
 
@@ -45,12 +50,15 @@ def _hardware_row(h: HardwareProfile) -> dict[str, Any]:
 def _sim_hardware(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
-    """List the built-in GPU profiles."""
-    rows = [_hardware_row(h) for h in builtin_hardware()]
+    """List the built-in profiles: the GPUs, and vLLM's CPU backend."""
+    rows = [_hardware_row(h) for h in (*builtin_hardware(), *builtin_cpu_hardware())]
     if as_json:
         _print_json(rows)
         return
-    table = Table(title="Built-in GPU profiles (memory as the CUDA runtime reports it)")
+    table = Table(
+        title="Built-in profiles (a GPU's memory as the CUDA runtime reports it; the CPU "
+        "backend's: NUMA node 0)"
+    )
     for col in (
         "name",
         "memory GiB",
