@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from support.cli_main import run_main
 from support.processes import free_port
 from test_calibrate_fit import MODEL, TRUTH
 from test_sim_serve import start, stop, wait_healthy
@@ -86,3 +88,20 @@ def test_calibrate_probes_a_live_server_and_writes_a_profile_that_predicts_it(
     }
     assert abs(itl["fitted"] / itl["truth"] - 1) < 0.1
     assert abs(itl["fitted"] - itl["truth"]) < abs(itl["base"] - itl["truth"])
+
+
+def test_a_bad_out_is_refused_before_any_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An --out that cannot be written is one line, before the server is asked anything
+    (port 9 refuses: a probe would say "cannot reach server")."""
+    base = ["calibrate", "--base-url", "http://127.0.0.1:9", "--model", MODEL]
+    code, out, err = run_main([*base, "--out", str(tmp_path)], capsys)
+    assert code == 1 and err.strip().splitlines() == [
+        f"error: --out: {tmp_path} is a folder; give the profile file's path"
+    ]
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, out, err = run_main([*base, "--out", str(blocker / "twin.yaml")], capsys)
+    assert code == 1 and err.startswith(f"error: --out: cannot write {blocker / 'twin.yaml'} (")
+    assert "reach server" not in err and out == ""

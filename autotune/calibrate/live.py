@@ -17,7 +17,6 @@ from autotune.calibrate.observe import Observation, observe, timings_of_records
 from autotune.calibrate.probes import Probe, probe_workload
 from autotune.loadgen import (
     LoadOptions,
-    RequestRecord,
     ServerInfo,
     make_session,
     probe_server,
@@ -34,13 +33,12 @@ _WARMUP = 4  # requests before the first probe
 
 @dataclass(frozen=True)
 class ProbeRun:
-    """One probe as it ran: its successful and failed records and its figures."""
+    """One probe as it ran: its figures and how many of its requests succeeded and failed."""
 
     probe: Probe
     observations: tuple[Observation, ...]
     completed: int
     failed: int
-    records: tuple[RequestRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,6 @@ async def run_suite(
             tuple(observe(probe, timings_of_records(ok))),
             completed=len(ok),
             failed=len(res.records) - len(ok),
-            records=tuple(res.records),
         )
         runs.append(run)
         if progress is not None:

@@ -31,20 +31,23 @@ Vector = npt.NDArray[np.float64]
 class RobustFit:
     """The fitted parameters, their standard errors (from the posterior's curvature, the
     noise scale estimated from the residuals), the residuals at the solution, the objective
-    there, the noise scale and how many residual evaluations it took."""
+    there and the noise scale."""
 
     x: Vector
     stderr: Vector
     residuals: Vector
     cost: float
     noise: float
-    evaluations: int
-    converged: bool
 
 
 def _loss(u: Vector, c: float) -> float:
     """Half the soft-L1 loss of the scaled residuals: u^2 / 2 near 0, c |u| far out."""
     return float(np.sum(c**2 * (np.sqrt(1.0 + (u / c) ** 2) - 1.0)))
+
+
+def _weights(u: Vector, c: float) -> Vector:
+    """The loss's curvature weight per residual (IRLS): 1 near 0, c / |u| far out."""
+    return 1.0 / np.sqrt(1.0 + (u / c) ** 2)
 
 
 def robust_fit(
@@ -74,18 +77,15 @@ def robust_fit(
     ``time_limit_s`` of CPU are spent (the result is then the best point so far).
 
     The standard errors come from the posterior's curvature (a central difference of
-    ``cov_step`` each way) with the noise re-estimated
-    from the residuals at the solution, never below ``noise_floor``: a fit that matches its
-    data exactly does not claim a certainty no measurement has.
+    ``cov_step`` each way) with the noise re-estimated from the residuals at the solution,
+    never below ``noise_floor``: a fit that matches its data exactly does not claim a
+    certainty no measurement has.
     """
     x = np.asarray(x0, dtype=float).copy()
     mu = np.asarray(prior_mean, dtype=float)
     prec = 1.0 / np.asarray(prior_sigma, dtype=float) ** 2
-    n_eval = 0
 
     def evaluate(v: Vector) -> tuple[Vector, float]:
-        nonlocal n_eval
-        n_eval += 1
         u = np.asarray(residual(v), dtype=float) / noise
         return u, _loss(u, f_scale) + 0.5 * float(np.sum(prec * (v - mu) ** 2))
 
@@ -98,13 +98,13 @@ def robust_fit(
         return jac
 
     u, cost = evaluate(x)
-    lam, converged = 1e-2, False
+    lam = 1e-2
     t0 = time.process_time()
     for _ in range(max_iter):
         if time_limit_s is not None and time.process_time() - t0 > time_limit_s:
             break
         jac = jacobian(x, u)
-        w = 1.0 / np.sqrt(1.0 + (u / f_scale) ** 2)
+        w = _weights(u, f_scale)
         a = jac.T @ (w[:, None] * jac) + np.diag(prec)
         g = jac.T @ (w * u) + prec * (x - mu)
         drop = 0.0
@@ -118,7 +118,6 @@ def robust_fit(
                 break
             lam *= 4.0
         if drop < tol:
-            converged = True
             break
     # The posterior: J'WJ / s^2 + prior precision, s^2 the residuals' weighted scatter. Its
     # Jacobian is a wide central difference: a narrow one on a piecewise residual reads a
@@ -129,8 +128,8 @@ def robust_fit(
         hi[j] += cov_step
         lo[j] -= cov_step
         jac[:, j] = (evaluate(hi)[0] - evaluate(lo)[0]) / (2.0 * cov_step)
-    w = 1.0 / np.sqrt(1.0 + (u / f_scale) ** 2)
+    w = _weights(u, f_scale)
     s2 = max(float(np.sum(w * u**2)) / max(1, u.size - x.size), (noise_floor / noise) ** 2)
     cov = np.linalg.inv(jac.T @ (w[:, None] * jac) / s2 + np.diag(prec))
     stderr = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    return RobustFit(x, stderr, u * noise, cost, noise * float(np.sqrt(s2)), n_eval, converged)
+    return RobustFit(x, stderr, u * noise, cost, noise * float(np.sqrt(s2)))

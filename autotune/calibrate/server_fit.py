@@ -8,6 +8,7 @@ writes the file (docs/calibrate.md#1-the-command).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,12 +18,18 @@ from urllib.parse import urlsplit
 from autotune.calibrate.live import ProbeRun, SuiteRun, run_suite
 from autotune.calibrate.probes import Probe, default_suite
 from autotune.calibrate.twin_fit import Calibration, fit_twin
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, ConfigError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim import EngineArgs, TwinFile, dump_twin
 
-__all__ = ["LiveCalibration", "calibrate_live", "measured_here", "write_profile"]
+__all__ = [
+    "LiveCalibration",
+    "calibrate_live",
+    "measured_here",
+    "profile_path",
+    "write_profile",
+]
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,27 @@ async def calibrate_live(
     return LiveCalibration(run, cal, cal.spec(measured))
 
 
-def write_profile(spec: TwinFile, out: str | Path) -> Path:
-    """Write the twin file (the directory must exist); returns its path."""
+def profile_path(out: str | Path) -> Path:
+    """Where the twin file will go, checked before any probe runs (a fit is not lost to a
+    bad ``--out`` at the end): its folder is made, and it must be writable and not a
+    folder itself. A ConfigError names the path and why."""
     path = Path(out)
-    path.write_text(dump_twin(spec))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write {path} ({exc.strerror or exc})") from exc
+    if path.is_dir():
+        raise ConfigError(f"--out: {path} is a folder; give the profile file's path")
+    if not os.access(path.parent, os.W_OK):
+        raise ConfigError(f"--out: cannot write {path} (its folder is not writable)")
+    return path
+
+
+def write_profile(spec: TwinFile, out: str | Path) -> Path:
+    """Write the twin file; returns its path. A ConfigError names the path and why not."""
+    path = Path(out)
+    try:
+        path.write_text(dump_twin(spec))
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write {path} ({exc.strerror or exc})") from exc
     return path

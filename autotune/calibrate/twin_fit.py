@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,43 +67,32 @@ class Calibration:
     stderr: dict[Constant, float]
     residual_pct: dict[str, float]
     fit: RobustFit
-    observations: tuple[Observation, ...]
 
     def spec(self, measured: Mapping[str, str | None] | None = None) -> TwinFile:
         """The twin file: the fitted constants as overrides, their errors, the residuals."""
-        sections: dict[str, dict[str, float]] = {"hardware": {}, "cost": {}, "front_end": {}}
-        for (section, name), v in self.values.items():
-            sections[section][name] = v
-        return TwinFile(
-            autotune_twin=1,
-            base=self.base,
-            hardware=sections["hardware"],
-            cost=sections["cost"],
-            front_end=sections["front_end"],
+        return _twin_file(
+            self.base,
+            self.values,
             measured=Measured(**(measured or {})),
             uncertainty={name: v for (_, name), v in self.stderr.items()},
             residuals=dict(self.residual_pct),
         )
 
 
-def _candidate(
-    base: str, start: TwinFile | None, values: Mapping[Constant, float]
-) -> HardwareProfile:
-    sections: dict[str, dict[str, float]] = {
-        "hardware": dict(start.hardware) if start else {},
-        "cost": dict(start.cost) if start else {},
-        "front_end": dict(start.front_end) if start else {},
-    }
+def _overrides(spec: TwinFile | None) -> dict[Constant, float]:
+    """A twin file's own overrides by (section, name)."""
+    if spec is None:
+        return {}
+    sections = {"hardware": spec.hardware, "cost": spec.cost, "front_end": spec.front_end}
+    return {(sec, k): v for sec, d in sections.items() for k, v in d.items()}
+
+
+def _twin_file(base: str, values: Mapping[Constant, float], **extra: Any) -> TwinFile:
+    """The twin file on ``base`` that overrides ``values`` (``extra``: its other fields)."""
+    sections: dict[str, dict[str, float]] = {"hardware": {}, "cost": {}, "front_end": {}}
     for (section, name), v in values.items():
         sections[section][name] = v
-    spec = TwinFile(
-        autotune_twin=1,
-        base=base,
-        hardware=sections["hardware"],
-        cost=sections["cost"],
-        front_end=sections["front_end"],
-    )
-    return twin_hardware(spec, f"{base}+fit")
+    return TwinFile(autotune_twin=1, base=base, **sections, **extra)
 
 
 def predict(
@@ -132,7 +122,7 @@ def predict(
 
 
 def fit_twin(
-    probes: Sequence[Target],
+    targets: Sequence[Target],
     measured: Sequence[Observation],
     model: ModelProfile,
     base: HardwareProfile,
@@ -145,7 +135,7 @@ def fit_twin(
     warm: Mapping[Constant, float] | None = None,
     time_limit_s: float | None = None,
 ) -> Calibration:
-    """Fit ``fitted`` constants of ``base`` so the twin's figures for ``probes`` (probes or
+    """Fit ``fitted`` constants of ``base`` so the twin's figures for ``targets`` (probes or
     measured levels) match ``measured``.
 
     ``base`` must be a built-in profile (its name is the twin file's ``base``); ``start``, a
@@ -164,6 +154,7 @@ def fit_twin(
         zero = [f"{s}.{n}" for (s, n), v in zip(names, x0, strict=True) if math.isnan(v)]
         raise ValueError(f"cannot fit constant(s) that are 0 on {base.name}: {zero}")
     want = {o.key: o.value for o in measured}
+    kept = _overrides(start)  # the start's other overrides stay in every candidate
     mu = x0.copy()
     if warm:
         x0 = np.array(
@@ -171,8 +162,9 @@ def fit_twin(
         )
 
     def residual(x: Vector) -> Vector:
-        hw = _candidate(base.name, start, dict(zip(names, np.exp(x), strict=True)))
-        got = {o.key: o.value for o in predict(probes, model, hw, args)}
+        values = {**kept, **dict(zip(names, np.exp(x), strict=True))}
+        hw = twin_hardware(_twin_file(base.name, values), f"{base.name}+fit")
+        got = {o.key: o.value for o in predict(targets, model, hw, args)}
         return np.array(
             [
                 math.log(got[k] / v) if got.get(k, 0) > 0 and v > 0 else _MISSING
@@ -203,9 +195,4 @@ def fit_twin(
     for (_, metric), r in zip(want, fit.residuals, strict=True):
         by_metric.setdefault(metric, []).append(abs(math.expm1(r)) * 100.0)
     residual_pct = {m: round(float(np.median(v)), 2) for m, v in sorted(by_metric.items())}
-    if start is not None:  # the start's other overrides stay in the fitted profile
-        kept = twin_constants(twin_hardware(start, base.name))
-        own = {("hardware", k) for k in start.hardware} | {("cost", k) for k in start.cost}
-        own |= {("front_end", k) for k in start.front_end}
-        values = {**{c: kept[c] for c in own if c not in values}, **values}
-    return Calibration(base.name, values, stderr, residual_pct, fit, tuple(measured))
+    return Calibration(base.name, {**kept, **values}, stderr, residual_pct, fit)

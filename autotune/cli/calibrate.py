@@ -11,7 +11,7 @@ from rich.table import Table
 
 from autotune.calibrate import Calibration
 from autotune.calibrate.live import ProbeRun
-from autotune.calibrate.server_fit import calibrate_live, write_profile
+from autotune.calibrate.server_fit import calibrate_live, profile_path, write_profile
 from autotune.cli._app import app
 from autotune.cli._app import console as _console
 from autotune.cli.database import StorageOpt, need_study, study_store
@@ -71,10 +71,10 @@ def _calibrate(
     """Probe a live server for a few minutes, fit the simulator's step-cost and API-server
     constants to it and write a profile file (load it with --hardware file:PATH)."""
     con = _console()
+    path = profile_path(out)  # before spending any time on probes or a fit
     if from_study is not None:
         cal = _study_fit(from_study, hardware, storage)
-        con.print(_table(cal))
-        _done(cal, None, write_profile(cal.spec(), out))
+        _done(cal, None, write_profile(cal.spec(), path))
         return
     if base_url is None or model is None:
         raise typer.BadParameter("give --base-url and --model, or --from-study NAME")
@@ -93,11 +93,12 @@ def _calibrate(
     live = asyncio.run(
         calibrate_live(base_url, prof, base, args, served_model=served_model, progress=progress)
     )
-    con.print(_table(live.calibration))
-    _done(live.calibration, live.suite.wall_s, write_profile(live.spec, out))
+    _done(live.calibration, live.suite.wall_s, write_profile(live.spec, path))
 
 
 def _done(cal: Calibration, probe_s: float | None, path: Path) -> None:
+    """The fitted constants, the fit's error and where the file went."""
+    _console().print(_table(cal))
     res = ", ".join(f"{k} {v:.1f} %" for k, v in cal.residual_pct.items())
     took = f"; probes took {probe_s:.0f} s" if probe_s is not None else ""
     _console().print(f"fit: median error per metric {res}; noise {cal.fit.noise * 100:.1f} %{took}")

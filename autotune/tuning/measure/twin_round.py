@@ -25,7 +25,7 @@ from typing import Any
 
 import optuna
 
-from autotune.calibrate import LevelTarget, fit_twin, level_observations
+from autotune.calibrate import LevelTarget, Observation, fit_twin, level_observations
 from autotune.calibrate.twin_fit import Calibration
 from autotune.config import StudyConfig
 from autotune.profiles.hardware import HardwareProfile
@@ -113,17 +113,18 @@ class TwinRound:
 
 def level_targets(
     cfg: StudyConfig, wl: Workload, trials: Sequence[TrialRecord]
-) -> tuple[list[LevelTarget], list[Any]]:
-    """The measured levels worth fitting to, and their figures (module docstring)."""
+) -> tuple[list[LevelTarget], list[Observation]]:
+    """The measured levels worth fitting to (the last ``_MAX_TARGETS``), and their figures
+    (module docstring)."""
     plan = LevelPlan.of(cfg)
     targets: list[LevelTarget] = []
-    observed: list[Any] = []
+    observed: list[Observation] = []
     for t in trials:
         if t.state != "COMPLETE" or not t.levels:
             continue
         ok = sorted((lv for lv in t.levels if lv.feasible), key=lambda lv: -lv.scale)
         bad = sorted((lv for lv in t.levels if not lv.feasible), key=lambda lv: lv.scale)
-        for lv in (ok[: _LEVELS_PER_TRIAL - 1] + bad[:1])[:_LEVELS_PER_TRIAL]:
+        for lv in ok[: _LEVELS_PER_TRIAL - 1] + bad[:1]:
             name = f"trial{t.optuna_trial_number}@{lv.scale:.4g}"
             obs = level_observations(name, lv.metrics)
             if not obs:
@@ -134,11 +135,9 @@ def level_targets(
                 LevelTarget(name, args, scale_rate(looped, lv.scale), cfg.workload.warmup)
             )
             observed += obs
-    return targets[-_MAX_TARGETS:], [o for o in observed if o.probe in _names(targets)]
-
-
-def _names(targets: Sequence[LevelTarget]) -> set[str]:
-    return {t.name for t in targets[-_MAX_TARGETS:]}
+    kept = targets[-_MAX_TARGETS:]
+    names = {t.name for t in kept}
+    return kept, [o for o in observed if o.probe in names]
 
 
 def fit_from_trials(
@@ -187,12 +186,18 @@ def screen(
     for ea in seeds:
         value(dict(ea))
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    # no "new study created" or "trial finished" lines for the twin's own study; the
+    # caller's verbosity comes back after (as in report/study_view.py)
+    verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    while len(seen) < max_configs and time.process_time() - t0 < cpu_s:
-        trial = study.ask()
-        ea = suggest(trial, bounds).engine_args()
-        study.tell(trial, value(ea))
+    try:
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        while len(seen) < max_configs and time.process_time() - t0 < cpu_s:
+            trial = study.ask()
+            ea = suggest(trial, bounds).engine_args()
+            study.tell(trial, value(ea))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     return sorted(seen.values(), key=lambda kv: -kv[1])
 
 
