@@ -48,8 +48,11 @@ def group(cmd: str) -> subprocess.Popen[bytes]:
 
 
 async def watched(proc: subprocess.Popen[bytes], log: Path, **kw: Any) -> DeathWatch:
-    for _ in range(100):  # the shell starts its background child
-        if len(snapshot_group(proc.pid)) >= 2:
+    # the shell starts its background child, which execs `sleep`: a member snapshotted
+    # between fork and exec would be named `sh`, and its death message would say so
+    for _ in range(250):
+        members = [pid for pid in snapshot_group(proc.pid) if pid != proc.pid]
+        if members and all(_name(pid) == "sleep" for pid in members):
             break
         await asyncio.sleep(0.02)
     members = snapshot_group(proc.pid)
@@ -57,6 +60,13 @@ async def watched(proc: subprocess.Popen[bytes], log: Path, **kw: Any) -> DeathW
     return DeathWatch(
         proc, members, health_url=f"http://127.0.0.1:{free_port()}/health", log_path=log, **kw
     )
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 async def until_dead(watch: DeathWatch) -> float:

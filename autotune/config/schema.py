@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from autotune.config.model_base import MAX_TIMEOUT_S, MAX_TRIALS, SCALE_RANGE, ConfigModel
+from autotune.config.record_section import RecordConfig
 from autotune.config.strategy_section import (
     CAPACITY_REPEATS,
     ONE_LEVEL_REPEATS,
@@ -39,6 +40,7 @@ __all__ = [
     "ExtraParam",
     "ModelConfig",
     "RangeSpec",
+    "RecordConfig",
     "SearchConfig",
     "SloConfig",
     "StrategyConfig",
@@ -268,6 +270,7 @@ class StudyConfig(ConfigModel):
     strategy: StrategyConfig = StrategyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     controller: ControllerConfig = ControllerConfig()
+    record: RecordConfig = RecordConfig()
     storage: str | None = None
     seed: int = 0
 
