@@ -125,10 +125,11 @@ def test_the_deployment_examples(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load_nightly_config(root / "nightly-chat.yaml")
     assert cfg.deployment == "chat-prod" and cfg.min_gain_pct == 2
     deploy = root / "deploy"
-    for name in ("crontab", "autotune-nightly.service", "k8s-cronjob.yaml"):
-        assert "autotune nightly --config" in (deploy / name).read_text(encoding="utf-8")
+    cronjob = root.parent / "deploy" / "k8s" / "nightly-cronjob.yaml"  # with the k8s manifests
+    for path in (deploy / "crontab", deploy / "autotune-nightly.service", cronjob):
+        assert "autotune nightly --config" in path.read_text(encoding="utf-8")
     timer = (deploy / "autotune-nightly.timer").read_text(encoding="utf-8")
     assert "OnCalendar=*-*-* 02:00:00 UTC" in timer and "Persistent=true" in timer
-    job = yaml.safe_load((deploy / "k8s-cronjob.yaml").read_text(encoding="utf-8"))
+    job = yaml.safe_load(cronjob.read_text(encoding="utf-8"))
     assert job["kind"] == "CronJob" and job["spec"]["concurrencyPolicy"] == "Forbid"
     assert job["spec"]["schedule"] == "0 2 * * *"

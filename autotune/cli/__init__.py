@@ -25,6 +25,7 @@ from autotune.cli import report as _report  # noqa: F401  (``autotune report``, 
 from autotune.cli import schedule as _schedule  # noqa: F401  (``schedule``, ``scheduler``)
 from autotune.cli import serve as _serve  # noqa: F401  (registers ``autotune serve``)
 from autotune.cli import sim as _sim  # noqa: F401  (registers ``autotune sim ...``)
+from autotune.cli import size as _size  # noqa: F401  (registers ``autotune size``)
 from autotune.cli import stored_studies as _stored  # noqa: F401  (``study list/show/...``)
 from autotune.cli import study as _study  # noqa: F401  (``autotune study create/run``)
 from autotune.cli._app import app

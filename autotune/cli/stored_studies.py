@@ -16,6 +16,7 @@ from autotune.cli import study as _study  # noqa: F401  (create and run come fir
 from autotune.cli._app import console, print_json, study_app
 from autotune.cli.database import StorageOpt, need_study, open_store, study_store
 from autotune.errors import ConfigError, NotFoundError
+from autotune.gitrecord.study_record import commit_study
 from autotune.report.best_output import (
     best_json,
     format_recommendation,
@@ -25,6 +26,7 @@ from autotune.report.best_output import (
 )
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import no_feasible_reason, recommend
+from autotune.report.request_export import REQUEST_FORMATS, request_exports, write_exports
 from autotune.report.study_export import export_csv, export_json
 from autotune.report.tables import (
     list_json,
@@ -205,18 +207,50 @@ def best(
 @study_app.command("export")
 def export(
     name: Annotated[str, typer.Argument()],
-    fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
-    output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="json, csv, requests-jsonl or llmd-report")
+    ] = "json",
+    output: Annotated[Path | None, typer.Option("--output", "--out", "-o")] = None,
     full: Annotated[
         bool,
         typer.Option("--full", help="json: keep each level's telemetry, full metrics and evidence"),
     ] = False,
     storage: StorageOpt = None,
+    trial: Annotated[
+        int | None,
+        typer.Option("--trial", help="requests-jsonl, llmd-report: the trial (default: best)"),
+    ] = None,
+    level: Annotated[
+        str | None,
+        typer.Option("--level", help="requests-jsonl, llmd-report: level index or all"),
+    ] = None,
+    git: Annotated[
+        Path | None,
+        typer.Option(
+            "--git",
+            metavar="DIR",
+            help="commit every trial, the validation and the recommendation to git in "
+            "folder DIR instead (docs/git-record.md)",
+        ),
+    ] = None,
 ) -> None:
     """Export the study and every trial (params, state, failure class, levels, violations);
-    each level's telemetry, full metrics and diagnosis evidence only with --full."""
+    each level's telemetry, full metrics and diagnosis evidence only with --full.
+    requests-jsonl and llmd-report export one level (docs/report.md#8-per-request-exports)."""
+    if git is not None:  # the whole stored history, as record.git commits it in a run
+        _export_git(name, storage, git)
+        return
+    if fmt in REQUEST_FORMATS:
+        with study_store(storage, name) as store:
+            files = request_exports(store, name, fmt, trial=trial, level=level)
+        write_exports(files, output)
+        return
     if fmt not in ("json", "csv"):
-        raise ConfigError(f"--format must be json or csv, not {fmt!r}")
+        raise ConfigError(
+            f"--format must be json, csv, {' or '.join(REQUEST_FORMATS)}, not {fmt!r}"
+        )
+    if trial is not None or level is not None:
+        raise ConfigError(f"--trial and --level go with --format {' or '.join(REQUEST_FORMATS)}")
     with study_store(storage, name) as store:
         rec = need_study(store, name)
         trials = store.trials(name)
@@ -237,6 +271,17 @@ def export(
             output.write_text(text)
         except OSError as exc:
             raise ConfigError(f"{output}: cannot write ({exc.strerror})") from exc
+
+
+def _export_git(name: str, storage: str | None, folder: Path) -> None:
+    """``study export NAME --git DIR``: the commits DIR's repository lacks, in trial order
+    (docs/git-record.md); git's failure is the command's error."""
+    with study_store(storage, name) as store:
+        cfg = load_study_config(need_study(store, name))
+        done = commit_study(cfg, store, folder)
+    console().print(
+        escape(f"{done.commits} commit(s) in {done.top} (folder {done.rel})"), highlight=False
+    )
 
 
 @study_app.command("delete")

@@ -16,8 +16,8 @@ from autotune.cli.database import StorageOpt, open_store, study_store
 from autotune.cli.progress import progress_printer
 from autotune.config import MAX_TIMEOUT_S, MAX_TRIALS, parse_config, read_config_text, source_map
 from autotune.errors import ConfigError, NotFoundError
+from autotune.gitrecord.run_hooks import HOOKS
 from autotune.inputs import MAX_CONFIG_BYTES
-from autotune.report import dashboard
 from autotune.report.best_output import format_recommendation
 from autotune.report.lowload import below_lowest_load, lower_capacity_low_hint
 from autotune.report.recommend import no_feasible_reason, recommend
@@ -29,6 +29,7 @@ from autotune.tuning.run.lanes import parse_devices, plan_lanes
 from autotune.tuning.run.status import study_plan
 from autotune.tuning.run.stopping import Interrupted
 from autotune.tuning.study_attrs import stored_noise
+from autotune.workers.gpu_discovery import ALL, NoGpuError, find_gpus
 
 __all__ = ["create", "run_cmd"]
 
@@ -43,8 +44,9 @@ GpusOpt = Annotated[
     str | None,
     typer.Option(
         "--gpus",
-        help="run trials in parallel on these devices, e.g. 0,1,2,3 (each trial gets its own "
-        "share as CUDA_VISIBLE_DEVICES; overrides worker.gpus)",
+        help="run trials in parallel on these devices, e.g. 0,1,2,3, or 'all' (the devices "
+        "this host or pod was given); each trial gets its own share as CUDA_VISIBLE_DEVICES; "
+        "overrides worker.gpus",
     ),
 ]
 GpusPerTrialOpt = Annotated[
@@ -57,13 +59,22 @@ GpusPerTrialOpt = Annotated[
 ]
 
 
-def _check_gpus(gpus: str | None, per_trial: int | None) -> None:
-    """What the flags alone get wrong, as usage errors; what conflicts with the study's
-    config is found when the run loads it (autotune.tuning.run.lanes.plan_lanes)."""
+def _check_gpus(gpus: str | None, per_trial: int | None) -> str | None:
+    """``--gpus`` as a device list (``all`` resolved to the devices found here,
+    docs/scale-out.md#3-the-devices-of-a-pod); what the flags alone get wrong, as usage
+    errors; what conflicts with the study's config is found when the run loads it
+    (autotune.tuning.run.lanes.plan_lanes)."""
     if gpus is None:
         if per_trial is not None:
             raise typer.BadParameter("applies only with --gpus", param_hint="'--gpus-per-trial'")
-        return
+        return None
+    if gpus == ALL:
+        try:
+            found = find_gpus()
+        except NoGpuError as exc:
+            raise typer.BadParameter(f"all: {exc}", param_hint="'--gpus'") from None
+        console().print(f"--gpus all: {escape(found.describe())}", highlight=False)
+        gpus = ",".join(found.devices)
     try:
         devices = parse_devices(gpus)
     except ValueError as exc:
@@ -74,6 +85,7 @@ def _check_gpus(gpus: str | None, per_trial: int | None) -> None:
             "every trial gets exactly that many, so give a multiple of it",
             param_hint="'--gpus-per-trial'",
         )
+    return gpus
 
 
 def _located(exc: ConfigError, text: str, source: str) -> ConfigError:
@@ -122,7 +134,7 @@ def create(
                 f"applies only with --run (or use `autotune study run NAME {flag}`)",
                 param_hint=f"'{flag.split()[0]}'",
             )
-    _check_gpus(gpus, gpus_per_trial)
+    gpus = _check_gpus(gpus, gpus_per_trial)
     text = read_config_text(config, max_config_bytes)
     cfg = parse_config(text, str(config))
     if gpus is not None:
@@ -175,7 +187,7 @@ def _run(
             reset_running=reset_running,
             gpus=gpus,
             gpus_per_trial=gpus_per_trial,
-            hooks=dashboard.HOOKS,  # optuna-dashboard's notes and plots
+            hooks=HOOKS,  # optuna-dashboard's notes and plots, the git record
         )
     except Interrupted as exc:  # SIGTERM/SIGHUP: stopped as Ctrl-C stops a run
         what = "every running trial was" if gpus is not None else "the running trial was"
@@ -226,6 +238,6 @@ def run_cmd(
             f"{timeout:g} is not a positive number of seconds (at most {MAX_TIMEOUT_S:.0f})",
             param_hint="'--timeout'",
         )
-    _check_gpus(gpus, gpus_per_trial)
+    gpus = _check_gpus(gpus, gpus_per_trial)
     with study_store(storage, name) as store:  # run_study names a missing study
         _run(store, name, n_trials, timeout, fail_running, gpus=gpus, gpus_per_trial=gpus_per_trial)

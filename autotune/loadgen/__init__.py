@@ -7,6 +7,7 @@
 - :mod:`~autotune.loadgen.sender`: arrival schedule, concurrency limit, warm-up, drain.
 - :mod:`~autotune.loadgen.bench_stats`: ``vllm bench serve``'s statistics over the records.
 - :mod:`~autotune.loadgen.probe`: ``/v1/models`` and ``/version`` before a run.
+- :mod:`~autotune.loadgen.request_log`: a level's per-request records as requests-jsonl.
 """
 
 from __future__ import annotations

@@ -18,15 +18,16 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import NotFoundError
+from autotune.gitrecord.run_hooks import HOOKS
+from autotune.gitrecord.study_record import record_commit
 from autotune.nightly.decide import EXIT_KEEP, EXIT_PROMOTED, decide
 from autotune.nightly.drift import Drift, TrafficProfile, detect_drift
 from autotune.nightly.job_config import NightlyConfig
 from autotune.nightly.job_lock import held_lock
 from autotune.nightly.job_records import DecisionRecord, add_decision, decisions
-from autotune.nightly.output import serve_command, write_output
+from autotune.nightly.output import decision_commit, serve_command, write_output
 from autotune.nightly.refresh import Refresh, refresh
 from autotune.nightly.warmstart import create_warm_study, today_bounds
-from autotune.report import dashboard
 from autotune.store import Store
 from autotune.tuning.measure.interval import summary_of
 from autotune.tuning.measure.validate import candidates_of
@@ -91,6 +92,7 @@ def study_config_for(cfg: NightlyConfig, name: str, workload: Mapping[str, Any])
             "search": cfg.search.model_dump(),
             "strategy": st,
             "telemetry": cfg.telemetry.model_dump(),
+            "record": cfg.record.model_dump(),
             "seed": cfg.seed,
         }
     )
@@ -146,7 +148,16 @@ def _finish(
     if not cfg.dry_run:
         rec.output_path = str(Path(cfg.output))  # where the deploy pipeline reads it
     add_decision(store, rec)
-    return result if cfg.dry_run else _emit(cfg.output, rec, result)
+    return result if cfg.dry_run else _record(cfg, rec, _emit(cfg.output, rec, result))
+
+
+def _record(cfg: NightlyConfig, rec: DecisionRecord, result: NightlyResult) -> NightlyResult:
+    """Commit the decision and the config in use to the git record (``record.git``,
+    docs/git-record.md#4-nightly-decisions): after the decision is recorded, and costing at
+    most one warning line. A dry run writes no output file and commits nothing."""
+    if cfg.record.git is not None and not (cfg.dry_run or rec.dry_run):
+        record_commit(cfg.record.git, decision_commit(rec))
+    return result
 
 
 def run_nightly(
@@ -175,7 +186,9 @@ def _run(
     done = next((d for d in history if d.study_name == name and d.decision != "rollback"), None)
     if done is not None:  # idempotent: today's decision stands; emit it again
         again = NightlyResult(done, None, resumed=True)
-        return again if cfg.dry_run or done.dry_run else _emit(cfg.output, done, again)
+        if cfg.dry_run or done.dry_run:
+            return again
+        return _record(cfg, done, _emit(cfg.output, done, again))
     ref: Refresh = refresh(cfg, vocab_size=model.vocab_size)
     for w in ref.warnings:
         log.warning("%s", w)
@@ -214,7 +227,7 @@ def _run(
         base.projection = [p.to_dict() for p in projections]
     rec = store.get_study(name)
     assert rec is not None
-    run_study(name, store, timeout=cfg.budget.timeout_s, on_event=on_event, hooks=dashboard.HOOKS)
+    run_study(name, store, timeout=cfg.budget.timeout_s, on_event=on_event, hooks=HOOKS)
     stored = load_study_config(rec)
     trials = store.trials(name)
     summary = summary_of(stored, store.repeats(name), trials, stored_noise(store, name))

@@ -20,6 +20,7 @@ from autotune.config import (
     MAX_TRIALS,
     ConfigModel,
     ModelConfig,
+    RecordConfig,
     SearchConfig,
     SloConfig,
     StrategyConfig,
@@ -118,6 +119,8 @@ class NightlyConfig(_Model):
     search: SearchConfig = SearchConfig()
     strategy: StrategyConfig = StrategyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    # the dated studies' record, and (record.git) each decision's commit (docs/git-record.md)
+    record: RecordConfig = RecordConfig()
     incumbent: dict[str, Any] | None = Field(
         None, description="the engine args in use (first run; later the decisions say)"
     )

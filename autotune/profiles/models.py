@@ -80,6 +80,24 @@ class ModelProfile:
         """Weights one TP rank holds (vLLM shards every linear layer and the vocab)."""
         return self.num_params * self.dtype_bytes // tp
 
+    def tp_error(self, tp: int) -> str | None:
+        """Why vLLM refuses tensor parallelism ``tp`` for this model (None: it accepts it):
+        attention heads are split evenly across the ranks, and KV heads too, or, when there
+        are fewer KV heads than ranks, each is replicated on a whole number of ranks
+        (docs/sizing.md#2-tensor-parallel-candidates)."""
+        if tp < 1 or self.num_heads % tp:
+            return (
+                f"Total number of attention heads ({self.num_heads}) must be divisible by "
+                f"tensor parallel size ({tp})."
+            )
+        kv = self.num_kv_heads
+        if (kv % tp) if tp <= kv else (tp % kv):
+            return (
+                f"Total number of key/value heads ({kv}) and tensor parallel size ({tp}) "
+                "must divide one another."
+            )
+        return None
+
     def kv_heads_per_rank(self, tp: int = 1) -> int:
         return max(1, self.num_kv_heads // tp)
 

@@ -26,12 +26,13 @@ from autotune.report.study_view import (
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 from autotune.tuning.measure.level_plan import lattice_of
 
-__all__ = ["PLOT_CONFIG", "render_html"]
+__all__ = ["PAGE_CSS", "PLOT_CONFIG", "render_html"]
 
 # No plotly logo (a link to plotly.com): the file links nowhere.
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
-_CSS = """
+# shared with the size report (autotune.planning.size_html): one look for every page
+PAGE_CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;
 background:#f6f7f9}
 main{max-width:1180px;margin:0 auto;padding:24px}
@@ -200,7 +201,7 @@ def render_html(view: StudyView, figs: Mapping[str, go.Figure] | None = None) ->
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>autotune report: {name}</title><style>{_CSS}</style>"
+        f"<title>autotune report: {name}</title><style>{PAGE_CSS}</style>"
         f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
         "</head><body><main>"
         f"<h1>autotune report: study {name}</h1>"

@@ -132,14 +132,11 @@ def validate_config(model: ModelProfile, args: ResolvedArgs) -> None:
         )
         raise _value_error("SchedulerConfig", msg, items, FailureClass.MNBT_LT_MNS)
     tp = args.tensor_parallel_size
-    if tp < 1 or model.num_heads % tp:
-        msg = (
-            f"Total number of attention heads ({model.num_heads}) must be divisible by "
-            f"tensor parallel size ({tp})."
-        )
+    tp_msg = model.tp_error(tp)
+    if tp_msg is not None:
         raise _value_error(
             "VllmConfig",
-            msg,
+            tp_msg,
             [("model_config", model.name), ("parallel_config", tp)],
             FailureClass.CONFIG_INVALID,
         )

@@ -124,13 +124,15 @@ class SimLevel:
     """One replayed level: the bench summary its records give (a stopped level's as
     :func:`~autotune.loadgen.stop_rule.stopped_summary` restates it), the engine's telemetry
     over the measured replay, the engine args it ran with, resolved, the engine seconds
-    replayed (warm-ups excluded) and the early stop that ended it (None: none did)."""
+    replayed (warm-ups excluded), the early stop that ended it (None: none did) and the
+    measured requests' records (docs/loadgen.md#6-per-request-records)."""
 
     summary: dict[str, Any]
     telemetry: LevelTelemetry
     args: ResolvedArgs
     replay_s: float = 0.0
     stop: StopInfo | None = None
+    records: tuple[RequestRecord, ...] = ()
 
 
 def replay_level(
@@ -183,7 +185,8 @@ def replay_level(
     r = res.args
     t0 = start if warm else -1.0  # the measured replay only
     tel = from_sim_timeline(res, t0, float("inf"), r.max_num_batched_tokens, r.max_num_seqs)
-    return SimLevel(summary, tel, r, res.end - start, stop)
+    measured_recs = tuple(q for q in recs if not q.warmup)
+    return SimLevel(summary, tel, r, res.end - start, stop, measured_recs)
 
 
 def _sim_stopped(

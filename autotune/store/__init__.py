@@ -13,6 +13,7 @@ from autotune.store.migrate import VERSION_TABLE
 from autotune.store.records import (
     LevelRecord,
     RepeatRecord,
+    RequestLog,
     StudyRecord,
     StudySummary,
     TrialRecord,
@@ -26,6 +27,7 @@ __all__ = [
     "LevelRecord",
     "NoDatabaseError",
     "RepeatRecord",
+    "RequestLog",
     "Store",
     "StudyRecord",
     "StudySummary",

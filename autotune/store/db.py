@@ -4,7 +4,8 @@ The database is the one Optuna's RDB storage uses (same URL), so a study's Optun
 autotune's richer records live and die together; see :mod:`autotune.store.migrate` for how
 the two schemas stay apart. :class:`Store` opens the database, checks its schema and holds
 the studies; its trials and levels come from :mod:`autotune.store.trial_store`, its
-validation runs from :mod:`autotune.store.repeat_store`, and the transaction every method
+validation runs from :mod:`autotune.store.repeat_store`, the levels' per-request records
+from :mod:`autotune.store.request_store`, and the transaction every method
 runs in from :mod:`autotune.store.transactions`.
 """
 
@@ -33,6 +34,7 @@ from autotune.store._engine import (
 )
 from autotune.store.records import StudyRecord, StudySummary
 from autotune.store.repeat_store import RepeatStore
+from autotune.store.request_store import RequestStore
 from autotune.store.rows import StudyRow, TrialRow
 from autotune.store.transactions import masked
 from autotune.store.trial_store import TrialStore
@@ -79,7 +81,7 @@ def resolve_url(url: str | None) -> str:
     return normalize_url(url if url is not None else os.environ.get(ENV_VAR) or DEFAULT_URL)
 
 
-class Store(TrialStore, RepeatStore):
+class Store(TrialStore, RepeatStore, RequestStore):
     """Read and write studies; open with :meth:`open`, finish with :meth:`close`."""
 
     @classmethod

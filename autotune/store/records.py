@@ -20,6 +20,7 @@ from typing import Any
 __all__ = [
     "LevelRecord",
     "RepeatRecord",
+    "RequestLog",
     "StudyRecord",
     "StudySummary",
     "TrialRecord",
@@ -133,6 +134,18 @@ class LevelRecord:
     @property
     def violation_texts(self) -> list[str]:
         return [str(v.get("text", v.get("name"))) for v in self.violations]
+
+
+@dataclass(frozen=True)
+class RequestLog:
+    """A stored level's per-request records (docs/loadgen.md#6-per-request-records):
+    ``data`` is their requests-jsonl text, gzip-compressed, of ``requests`` lines and
+    ``raw_bytes`` bytes before compression. The load generator writes and reads the text
+    (:mod:`autotune.loadgen.request_log`); the store keeps the bytes."""
+
+    requests: int
+    raw_bytes: int
+    data: bytes
 
 
 @dataclass

@@ -46,6 +46,7 @@ OUR_TABLES = {
     "autotune_studies",
     "autotune_trials",
     "autotune_levels",
+    "autotune_level_requests",
     "autotune_controllers",
     "autotune_workers",
     "autotune_claims",

@@ -25,7 +25,9 @@ PACKAGES = (
     "store",
     "tuning",
     "report",
+    "gitrecord",
     "nightly",
+    "planning",
     "service",
     "cli",
 )
@@ -58,7 +60,9 @@ SMOKE: dict[str, tuple[str, ...]] = {
         "tests/test_edges.py",
     ),
     "report": ("tests/test_report_parts.py",),
+    "gitrecord": ("tests/test_git_record.py::test_launch_script_and_trailers_round_trip",),
     "nightly": ("tests/test_nightly_drift.py",),
+    "planning": ("tests/test_size_replicas.py",),
     "service": (
         "tests/test_service.py::test_openapi_document_matches_the_routes",
         "tests/test_service.py::test_auth",

@@ -192,6 +192,7 @@ class HttpRunner:
             offered_rate(workload, scale),
             LevelMetrics.from_summary(res.summary, res.early_stop),
             replay_s=res.wall_s,  # wall seconds replayed (warm-ups excluded)
+            requests=[r for r in res.records if not r.warmup],
         )
         # the GPU's seconds: a time-scaled simulated server's are engine seconds
         self.meter.replayed(res.wall_s * (self.time_scale if self.startup_model else 1.0))

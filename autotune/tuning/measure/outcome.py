@@ -12,10 +12,11 @@ key is :class:`~autotune.loadgen.stopped.StopInfo`'s, the client-limit mark's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.loadgen.bench_stats import RequestRecord
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.stopped import StopInfo
 from autotune.store import LevelRecord
@@ -102,6 +103,9 @@ class LevelOutcome:
     # the sample's requests when the level looped it (docs/tuning.md#13-level-length); None:
     # the level replayed the sample as it is
     sample_requests: int | None = None
+    # the measured requests' records, held until the trial stores the level (and them when
+    # the study keeps them, docs/loadgen.md#6-per-request-records)
+    requests: Sequence[RequestRecord] = ()
 
     @property
     def stop(self) -> StopInfo | None:

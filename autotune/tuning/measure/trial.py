@@ -18,6 +18,7 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureClass
+from autotune.loadgen.request_log import encode_requests
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
 from autotune.tuning.attrs import constraint_names, constraint_order
@@ -29,7 +30,7 @@ from autotune.tuning.measure.level_plan import (
     measure,
 )
 from autotune.tuning.measure.noise import NoiseRecord, measure_noise
-from autotune.tuning.measure.outcome import level_record
+from autotune.tuning.measure.outcome import LevelOutcome, level_record
 from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.scoring import (
     TrialScore,
@@ -115,6 +116,7 @@ async def _replay(
             # feasible), with the cause, exit code or signal and log context
             lvl.feasible = False
             lvl.id = store.add_level(rec_id, lvl)
+            _keep_requests(setup, lvl.id, out)
             rec.levels.append(lvl)
             what = "hung" if failure == FailureClass.HUNG else "died"
             head = f"worker {what}: {dead.line}"[:2000]
@@ -125,6 +127,7 @@ async def _replay(
             emit(WorkerDied(number, ls.scale, failure, dead.line))
             return
         lvl.id = store.add_level(rec_id, lvl)
+        _keep_requests(setup, lvl.id, out)
         rec.levels.append(lvl)
         emit(LevelDone(number, ls.scale, out.offered_rate, ls.feasible, out.metrics, ls.texts))
 
@@ -277,6 +280,15 @@ async def run_trial(
         )
     )
     return TrialOutcome(score, rec, failure, noise=noise_rec)
+
+
+def _keep_requests(setup: TrialSetup, level_id: int, out: LevelOutcome) -> None:
+    """Store a stored level's per-request records when the study keeps them
+    (``record.requests``, docs/loadgen.md#6-per-request-records), then let them go: the
+    trial holds its levels' outcomes until it ends."""
+    if setup.cfg.record.requests:
+        setup.store.add_requests(level_id, encode_requests(out.requests))
+    out.requests = ()
 
 
 def _store_usage(store: Store, rec: TrialRecord, runner: Runner) -> None:

@@ -114,7 +114,13 @@ class VirtualRunner:
             early_stop=self.early_stop,
         )
         metrics = LevelMetrics.from_summary(level.summary, level.stop)
-        out = LevelOutcome(scale, offered_rate(workload, scale), metrics, replay_s=level.replay_s)
+        out = LevelOutcome(
+            scale,
+            offered_rate(workload, scale),
+            metrics,
+            replay_s=level.replay_s,
+            requests=level.records,
+        )
         self.meter.replayed(level.replay_s)
         r = level.args
         return with_diagnosis(out, level.telemetry, r.max_num_seqs, r.max_num_batched_tokens)

@@ -32,10 +32,14 @@ class RunHooks:
     """What a run calls beyond tuning: the CLI and the nightly pass optuna-dashboard's
     notes and plots (``autotune.report.dashboard.HOOKS``, docs/report.md#7-after-the-run),
     which sit in a layer above this one. ``trial_told`` runs before Optuna is told a
-    trial's result, ``run_ended`` after a run that ran trials (with its seconds)."""
+    trial's result, ``run_ended`` after a run that ran trials (with its seconds).
+    ``record``: the study's git record (``autotune.gitrecord``, docs/git-record.md), called
+    after each trial's result is told (``final`` False) and when a run ends, its validation
+    phase included (True); it never raises for git's failures."""
 
     trial_told: Callable[[optuna.Trial, TrialOutcome, StudyConfig], None]
     run_ended: Callable[[optuna.Study, StudyConfig, StudyRecord, Store, float], None]
+    record: Callable[[StudyConfig, Store, bool], None] | None = None
 
 
 @dataclass

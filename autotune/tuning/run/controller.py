@@ -108,6 +108,12 @@ def run_study(
             "create it with `autotune study create --config FILE`"
         )
     cfg = load_study_config(rec)
+    if cfg.record.git is not None and (hooks is None or hooks.record is None):
+        # the git record lives in a layer above this one: every entry point passes its hooks
+        log.warning(
+            "record.git is set, but this run was started without the git record's hooks "
+            "(autotune.gitrecord.run_hooks.HOOKS): it commits nothing (docs/git-record.md)"
+        )
     if gpus is None and gpus_per_trial is not None:
         raise ConfigError("--gpus-per-trial applies only with --gpus")
     plan = plan_lanes(gpus, gpus_per_trial, cfg) if gpus is not None else None
@@ -157,4 +163,7 @@ def run_study(
     report = asyncio.run(_run(ctx))
     if report.trials_run and hooks is not None:  # the dashboard's note and plots, as of now
         hooks.run_ended(study, cfg, rec, store, time.monotonic() - t0)
+    if hooks is not None and hooks.record is not None:
+        # the validation and the recommendation, also after a run that only validated
+        hooks.record(cfg, store, True)
     return report

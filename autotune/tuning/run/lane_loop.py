@@ -194,6 +194,9 @@ async def run_trials(
             claims.finish(got)
             session.released(got)
             budget.finished()
+            if ctx.hooks is not None and ctx.hooks.record is not None:
+                # told in both stores: the git record commits it (docs/git-record.md)
+                ctx.hooks.record(cfg, ctx.store, False)
 
     if plan is None or len(plan.lanes) == 1:
         stopped = [await lane(0)]

@@ -46,6 +46,11 @@ _DEVICE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def parse_devices(text: str) -> tuple[str, ...]:
     """``--gpus`` text as device names; ValueError (one line) when it is not a device list."""
+    if text == "all":  # the CLI resolves it first (autotune.workers.gpu_discovery)
+        raise ValueError(
+            "'all' names no device: `autotune study run --gpus all` resolves it to the "
+            "devices this host was given before a run"
+        )
     names = text.split(",")
     if not text or not all(_DEVICE.match(n) for n in names):
         raise ValueError(

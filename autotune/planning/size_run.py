@@ -1,0 +1,91 @@
+"""``autotune size``: every GPU type and tensor-parallel candidate, each tuned by a short
+study, sized for the target and checked as a replicated deployment (docs/sizing.md).
+
+Per candidate: :func:`~autotune.planning.candidate_study.run_candidate` finds its best config and
+one replica's SLO capacity; for a concurrency target, :func:`max_streams` measures how many
+closed-loop streams that config keeps within the SLOs instead; the replica count follows,
+and :func:`~autotune.planning.replicas.check_replicas` runs it. The check always runs on the
+simulator (the hardware profile of the row): a real worker's study measures the config, the
+simulator then plays the replicas the user does not have yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from autotune.config import StudyConfig
+from autotune.planning.candidate_study import CandidateResult, run_candidate
+from autotune.planning.deployment import ReplicaSetup, deployment_runner, max_streams
+from autotune.planning.prices import Prices
+from autotune.planning.replicas import Target, check_replicas, replicas_needed_for
+from autotune.planning.size_table import SizeReport, SizeRow, build_row, rank_rows
+from autotune.sim import hardware_of, sim_engine_args
+from autotune.store import Store
+from autotune.tuning.measure.scoring import Slo
+from autotune.tuning.search.parallelism import tp_candidates
+from autotune.tuning.search.plan import model_of
+
+__all__ = ["DEVICES_PER_NODE", "size_deployment", "size_row"]
+
+# a TP group stays on one node; eight GPUs is the common node (HGX, DGX, p5/a3 instances)
+DEVICES_PER_NODE = 8
+
+
+def size_row(cfg: StudyConfig, c: CandidateResult, target: Target, prices: Prices) -> SizeRow:
+    """Candidate ``c`` sized for ``target`` and checked as a replicated deployment."""
+    if c.failure is not None or c.engine_args is None or c.capacity_rps is None:
+        return build_row(c, None, None, prices)
+    setup = ReplicaSetup(
+        model_of(cfg),
+        hardware_of(c.hardware),
+        sim_engine_args(c.engine_args, c.config.worker.static_args),
+        cfg.workload,
+        Slo.of(cfg.slo),
+        seed=cfg.seed,
+        jitter_cv=cfg.worker.jitter_cv,
+        min_requests=cfg.strategy.min_level_requests,
+        min_seconds=cfg.strategy.min_level_s,
+    )
+    ceiling: int | None = None
+    if target.kind == "rate":
+        per_replica = c.capacity_rps
+    else:
+        ceiling = int(target.value)
+        per_replica = float(max_streams(setup, ceiling))
+        if per_replica == 0:
+            return build_row(c, 0.0, None, prices, "one closed-loop stream already misses the SLOs")
+    n = replicas_needed_for(target, per_replica)
+    check = check_replicas(n, deployment_runner(setup, target), max_replicas=ceiling)
+    return build_row(c, per_replica, check, prices)
+
+
+def size_deployment(
+    cfg: StudyConfig,
+    target: Target,
+    hardware: Sequence[str],
+    trials: int,
+    prices: Prices,
+    store: Store,
+    *,
+    worker: str = "sim-virtual",
+    devices_per_node: int = DEVICES_PER_NODE,
+    progress: Callable[[SizeRow], None] | None = None,
+) -> SizeReport:
+    """The ranked table for ``target`` over ``hardware`` x the model's TP candidates."""
+    model = model_of(cfg)
+    rows: list[SizeRow] = []
+    for hw in hardware:
+        for tp in tp_candidates(model, devices_per_node):
+            c = run_candidate(cfg, hw, tp, trials, store, worker=worker)
+            row = size_row(cfg, c, target, prices)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+    ranked, by = rank_rows(rows)
+    unpriced = (
+        sorted({r.hardware for r in ranked if r.usable and r.price_per_gpu_hour is None})
+        if prices
+        else []
+    )
+    slo = cfg.slo.model_dump(mode="json")
+    return SizeReport(cfg.name, target, slo, worker, ranked, by, unpriced)
