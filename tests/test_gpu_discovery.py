@@ -11,8 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
+from support.studies import config
 
 from autotune import cli
+from autotune.config import parse_config
+from autotune.errors import ConfigError
 from autotune.tuning.run.lanes import parse_devices
 from autotune.workers.gpu_discovery import (
     FoundGpus,
@@ -220,3 +224,14 @@ def test_study_run_gpus_all_without_a_device_is_one_usage_line(
         "is not on PATH (see `autotune study run --help`)"
     ]
     assert not (tmp_path / "autotune.db").exists()
+
+
+@pytest.mark.config_field("worker.gpus")
+def test_worker_gpus_all_in_a_config_is_refused_with_the_flag_to_use() -> None:
+    # CUDA_VISIBLE_DEVICES=all would hide every device: the config names devices, the run
+    # resolves `--gpus all`
+    base, _ = config()
+    d = base.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    d["worker"] = {"kind": "vllm", "gpus": "all"}
+    with pytest.raises(ConfigError, match=r"^g\.yaml:\d+: worker\.gpus: .*--gpus all"):
+        parse_config(yaml.safe_dump(d), "g.yaml")

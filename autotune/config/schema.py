@@ -108,6 +108,14 @@ class WorkerConfig(ConfigModel):
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, v: str | None) -> str | None:
+        if v is not None and v.strip().lower() == "all":
+            # CUDA would read CUDA_VISIBLE_DEVICES=all as no device at all; the run resolves
+            # `--gpus all` to the host's or pod's devices instead
+            # (docs/scale-out.md#3-the-devices-of-a-pod)
+            raise ValueError(
+                "'all' is not a device list here: leave worker.gpus unset and run "
+                "`autotune study run NAME --gpus all`, which finds the devices at run time"
+            )
         if v is not None and not _GPUS.match(v):
             raise ValueError(
                 f"{v!r} is not a device list: write indices or UUIDs separated by commas, "

@@ -36,6 +36,7 @@ from .support import (
     SERVED_MODEL,
     SERVER_ENGINE_ARGS,
     SERVER_KV_BYTES,
+    SERVER_TP,
     TIMINGS,
     VENV_MARKER,
     WORKER_ENV,
@@ -208,7 +209,9 @@ async def vllm_server(
     # checks this launch rather than paying for one more)
     base = tmp_path_factory.mktemp("workers")
     workdir = base / ("d" * max(1, DEEP_WORKDIR_CHARS - len(str(base))))
-    worker = make_worker(vllm_venv, tiny_model, workdir)
+    # tensor_parallel_size 1 as `autotune size --worker vllm` passes it
+    # (test_tensor_parallel_size_reaches_vllm)
+    worker = make_worker(vllm_venv, tiny_model, workdir, static_args=SERVER_TP)
     t0 = time.monotonic()
     info = await worker.start(SERVER_ENGINE_ARGS, "shared-server")
     TIMINGS["shared server: launch -> ready (start())"] = time.monotonic() - t0

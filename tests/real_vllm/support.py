@@ -31,6 +31,8 @@ SERVER_ENGINE_ARGS: dict[str, Any] = {
     "max_num_seqs": 4,
     "max_num_batched_tokens": 1024,
 }
+# the shared server's tensor parallelism, as `autotune size --worker vllm` sets a candidate's
+SERVER_TP: dict[str, Any] = {"tensor_parallel_size": 1}
 STARTUP_TIMEOUT_S = 300.0
 # the shared server's workdir is at least this long (test_deep_workdir_still_starts)
 DEEP_WORKDIR_CHARS = 80

@@ -31,6 +31,7 @@ from autotune.workers import (
     classify_worker_log,
     parse_startup_facts,
 )
+from autotune.workers.devices import devices_held
 from autotune.workers.startup_checks import SMOKE_MIN_TOKENS
 from autotune.workload.build import prepare_prompts
 from autotune.workload.core import Workload, WorkloadRequest
@@ -42,6 +43,7 @@ from .support import (
     SERVED_MODEL,
     SERVER_ENGINE_ARGS,
     SERVER_KV_BYTES,
+    SERVER_TP,
     TIMINGS,
     Captures,
     RealServer,
@@ -356,6 +358,18 @@ _STATS_LINE = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs")
 
 
 WAVES, WAVE_TOKENS = 8, 500  # 8 x 4 streams: about 40 s on an idle 2-core host
+
+
+async def test_tensor_parallel_size_reaches_vllm(vllm_server: RealServer) -> None:
+    # docs/sizing.md#1-what-it-does: a size candidate's TP is a static arg; vLLM takes the
+    # flag, says so in its engine config line, and the trial holds that many devices
+    argv = list(vllm_server.info.argv)
+    i = argv.index("--tensor-parallel-size")
+    assert argv[i + 1] == str(SERVER_TP["tensor_parallel_size"]) == "1"
+    lines = vllm_server.worker.log_lines()
+    engine = [ln for ln in lines if "Initializing a V1 LLM engine" in ln]
+    assert engine and all("tensor_parallel_size=1," in ln for ln in engine)
+    assert devices_held({**vllm_server.worker.static_args}) == 1
 
 
 async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:

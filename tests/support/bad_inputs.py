@@ -765,6 +765,13 @@ CASES: list[Case] = [
         line="worker.gpus: '0, 1' is not a device list",
     ),
     Case(
+        "field-gpus-all",
+        "config field",
+        "worker.gpus all (CUDA would see no device)",
+        config={"worker": {"gpus": "all"}},
+        line="worker.gpus: 'all' is not a device list here",
+    ),
+    Case(
         "field-jitter",
         "config field",
         "a jitter above 0.5",
@@ -1281,7 +1288,22 @@ CASES: list[Case] = [
         "CLI flag",
         "export --format xml",
         args=("study", "export", EXISTING, "--storage", "{db}", "--format", "xml"),
-        line="--format must be json or csv",
+        line="--format must be json, csv, requests-jsonl or llmd-report",
+    ),
+    Case(
+        "cli-size-two-targets",
+        "CLI flag",
+        "size with both a target rate and a target concurrency",
+        args=("size", "--config", "{config}", "--target-rate", "3", "--target-concurrency", "4"),
+        code=2,
+        line="give exactly one of --target-rate and --target-concurrency",
+    ),
+    Case(
+        "cli-size-price",
+        "CLI flag",
+        "size --price for a GPU type autotune does not know",
+        args=("size", "--config", "{config}", "--target-rate", "3", "--price", "H100=2.49"),
+        line="--price 'H100=2.49': unknown hardware profile 'H100'",
     ),
     Case(
         "cli-export-output",
