@@ -88,6 +88,6 @@ def render_size_html(report: SizeReport) -> str:
         f'<h2 id="winner">Winner</h2>{winner}'
         f'<h2 id="table">Deployments</h2><div class="wide"><table><thead><tr>{th}</tr></thead>'
         f"<tbody>{body}</tbody></table></div>"
-        f'<h2 id="pareto">Pareto</h2><div class="plot">{fig}</div>'
+        f'<h2 id="front">Pareto front</h2><div class="plot">{fig}</div>'
         "</main></body></html>\n"
     )
