@@ -61,9 +61,13 @@ def progress_printer() -> OnEvent:
                 pos = e.position
                 of = f" ({pos[0]} of {pos[1]})" if pos else ""
                 on = f" on gpu {lane.devices}" if lane else ""
+                # the parallelism stage's size comes first, as it is suggested
+                # (docs/tuning.md#16-the-parallelism-stage)
+                tp = ea.get("tensor_parallel_size")
+                tp_text = f"tensor_parallel_size={tp} " if tp is not None else ""
                 out.print(
                     f"[bold]trial {e.number}{of}[/bold]{on} {escape('[' + e.stage + ']')} "
-                    f"max_model_len={ea['max_model_len']} "
+                    f"{tp_text}max_model_len={ea['max_model_len']} "
                     f"gpu_memory_utilization={ea['gpu_memory_utilization']} "
                     f"max_num_seqs={ea['max_num_seqs']} "
                     f"max_num_batched_tokens={ea['max_num_batched_tokens']}"

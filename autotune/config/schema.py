@@ -55,6 +55,9 @@ __all__ = [
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 # CUDA_VISIBLE_DEVICES: device indices or UUIDs (GPU-..., MIG-...), comma-separated
+# parallel sizes the parallelism stage owns when it runs (workers.devices.PARALLEL_FLAGS' names;
+# config sits below workers, so the names are listed here for the check)
+_PARALLEL_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 _GPUS = re.compile(r"^[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*$")
 
 
@@ -213,6 +216,9 @@ class SearchConfig(ConfigModel):
     max_num_batched_tokens: RangeSpec = RangeSpec()
     max_model_len_margin: float = Field(0.1, ge=0, description="headroom over p95/p99/max")
     extra: list[ExtraParam] = Field(default_factory=list)
+    # the parallelism stage ahead of max_model_len: tensor_parallel_size over the sizes the
+    # model allows on this many devices, scored per device (docs/tuning.md#16-the-parallelism-stage)
+    parallelism: int | None = Field(None, ge=1, le=64, description="most devices per trial")
 
     @model_validator(mode="after")
     def _candidates(self) -> SearchConfig:
@@ -290,6 +296,19 @@ class StudyConfig(ConfigModel):
         if r is not None:
             return r
         return CAPACITY_REPEATS if self.mode == "slo-capacity" else ONE_LEVEL_REPEATS
+
+    @model_validator(mode="after")
+    def _parallelism(self) -> StudyConfig:
+        if self.search.parallelism is None:
+            return self
+        fixed = [k for k in self.worker.static_args if k.replace("-", "_") in _PARALLEL_ARGS]
+        fixed += [e.name for e in self.search.extra if e.name.replace("-", "_") in _PARALLEL_ARGS]
+        if fixed:
+            raise ValueError(
+                f"search.parallelism searches tensor_parallel_size itself: remove {fixed[0]} "
+                "from worker.static_args or search.extra"
+            )
+        return self
 
     @model_validator(mode="after")
     def _mode(self) -> StudyConfig:

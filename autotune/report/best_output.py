@@ -23,6 +23,7 @@ from autotune.report.validated import (
 )
 from autotune.tuning.measure.findings import capacity_rps, why_infeasible
 from autotune.tuning.measure.interval import ValidationSummary
+from autotune.tuning.measure.per_device import SERVER_DEVICES_KEY
 from autotune.tuning.measure.verdict import Held, held_text
 
 __all__ = [
@@ -139,6 +140,8 @@ def format_recommendation(rec: Recommendation) -> str:
         lines = [rec.command, "", yaml.safe_dump(rec.engine_args, sort_keys=False).rstrip(), ""]
     t, b = rec.trial, rec.baseline
     top = top_level_figures(t)
+    lv = t.headline_level()
+    devices = int((lv.metrics if lv is not None else {}).get(SERVER_DEVICES_KEY) or 1)
     cap = rec.capacity()
     rps = capacity_rps(t)
     if not t.feasible:
@@ -155,15 +158,24 @@ def format_recommendation(rec: Recommendation) -> str:
             if rps is not None:
                 what += f" ({rps:,.2f} req/s)"
         lines.append(what)
+        if devices > 1 or SERVER_DEVICES_KEY in (lv.metrics if lv is not None else {}):
+            lines.append(
+                f"  per device: the study searched the parallelism, so loads and throughputs "
+                f"are per device; this config runs on {devices} device(s) "
+                "(docs/tuning.md#16-the-parallelism-stage)"
+            )
         spread = cap.spread_text() if cap is not None else None
         if spread:  # docs/tuning.md#1-the-capacity-lattice, "Noise"
             lines.append(f"  capacity's spread: {spread}")
-    n = replicas_needed(t.capacity_scale) if t.feasible else None
+    # a per-device capacity: one replica of `devices` serves that many times it
+    n = replicas_needed((t.capacity_scale or 0) * devices) if t.feasible else None
     if n is not None and n > 1 and t.capacity_scale is not None:
         full = f" of {rps / t.capacity_scale:,.2f} req/s" if rps is not None else ""
+        of = f" of {devices} devices" if devices > 1 else ""
         lines.append(
-            f"  one replica serves {100 * t.capacity_scale:.0f} % of the workload's traffic "
-            f"({rps or 0:,.2f}{full}): the traffic needs {n} replicas of this config"
+            f"  one replica{of} serves {100 * t.capacity_scale * devices:.0f} % of the "
+            f"workload's traffic ({(rps or 0) * devices:,.2f}{full}): the traffic needs {n} "
+            "replicas of this config"
         )
     if top and t.feasible:
         lines.append(

@@ -55,6 +55,7 @@ def bounds_from_json(text: str) -> SpaceBounds:
     d = json.loads(text)
     d["max_model_len_candidates"] = tuple(d["max_model_len_candidates"])
     d["extras"] = tuple((n, tuple(c)) for n, c in d["extras"])
+    d["parallel"] = tuple(d.get("parallel", ()))  # studies from before the parallelism stage
     return SpaceBounds(**d)
 
 

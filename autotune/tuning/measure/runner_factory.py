@@ -15,6 +15,7 @@ from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.tuning.measure.early_stop import rule_of
 from autotune.tuning.measure.http_runner import HttpRunner
+from autotune.tuning.measure.per_device import PerDevice
 from autotune.tuning.measure.runner_protocol import Runner
 from autotune.tuning.measure.usage import sim_startup_s
 from autotune.tuning.measure.virtual_runner import VirtualRunner
@@ -72,7 +73,22 @@ def make_runner(
 ) -> Runner:
     """The runner of ``cfg``'s worker kind; ``registry`` is told about every worker process
     group (docs/faults.md#3-no-orphaned-workers). ``gpus`` (a lane's devices,
-    docs/parallel.md#2-lanes) overrides ``worker.gpus``."""
+    docs/parallel.md#2-lanes) overrides ``worker.gpus``. A study that searches the
+    parallelism measures per device (docs/tuning.md#16-the-parallelism-stage)."""
+    runner = _worker_runner(cfg, model, hardware, workdir, registry, gpus)
+    if cfg.search.parallelism is not None:
+        return PerDevice(runner, cfg.worker.static_args)
+    return runner
+
+
+def _worker_runner(
+    cfg: StudyConfig,
+    model: ModelProfile,
+    hardware: HardwareProfile,
+    workdir: Path,
+    registry: GroupRegistry | None,
+    gpus: str | None,
+) -> Runner:
     w = cfg.worker
     devices = gpus if gpus is not None else w.gpus
     name = cfg.model.served_name or cfg.model.name

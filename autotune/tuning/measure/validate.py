@@ -34,6 +34,7 @@ from autotune.tuning.measure.early_look import look_after, look_confidence, sett
 from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.noise import NoiseRecord
+from autotune.tuning.measure.per_device import PerDevice
 from autotune.tuning.measure.runner_protocol import Keepable, Runner
 from autotune.tuning.measure.scoring import Slo, record_rank
 from autotune.tuning.measure.validation_plan import plan_runs, repeat_seeds, run_order
@@ -182,10 +183,11 @@ async def run_validation(
             held = None
             if runner is None:
                 runner = make_runner(rec.jitter_seed)
-                if isinstance(runner, HttpRunner):
+                http = runner.inner if isinstance(runner, PerDevice) else runner
+                if isinstance(http, HttpRunner):
                     # the length guard protects the study's max_model_len sizing, which a
                     # fresh sample does not redo (its text lengths are the approximate ones)
-                    runner.check_prepared = None
+                    http.check_prepared = None
             after = pending[i + 1] if i + 1 < len(pending) else None
             try:
                 res, keep = await measure_block_run(

@@ -25,7 +25,7 @@ from autotune.tuning.search.plan import (
     model_of,
     screen_max_model_len,
 )
-from autotune.tuning.search.space import PARAM_ORDER, SpaceBounds
+from autotune.tuning.search.space import PARAM_ORDER, TP_PARAM, SpaceBounds
 from autotune.workload.build import study_workload
 from autotune.workload.traces import dropped_text
 
@@ -40,10 +40,11 @@ def _enqueued_configs(
     ``max_model_len`` candidates, ``search.extra``) one of them; Optuna would refuse any
     other value only when the trial runs (docs/faults.md#7-enqueued-values)."""
     configs = [("baseline", baseline)]
-    known = set(PARAM_ORDER) | {n for n, _ in b.extras}
+    known = set(PARAM_ORDER) | {n for n, _ in b.extras} | ({TP_PARAM} if b.parallel else set())
     choices: dict[str, tuple[Any, ...]] = {
         "max_model_len": tuple(b.max_model_len_candidates),
         **dict(b.extras),
+        **({TP_PARAM: b.parallel} if b.parallel else {}),
     }
     for i, entry in enumerate(cfg.enqueue):
         unknown = sorted(set(entry) - known)
@@ -97,6 +98,8 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     )
     # the baseline's max_model_len is the longest candidate: kept whenever any is
     bounds = replace(bounds, max_model_len_candidates=screening.kept)
+    if bounds.parallel:  # vLLM's default, tensor_parallel_size 1, named: it sizes the devices
+        baseline = {**baseline, TP_PARAM: bounds.parallel[0]}
     configs = _enqueued_configs(cfg, bounds, baseline)
     if store.get_study(cfg.name) is not None:
         raise StorageError(

@@ -27,6 +27,8 @@ from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import ConfigError
+from autotune.tuning.search.parallelism import tp_candidates
+from autotune.tuning.search.plan import model_of
 from autotune.workers.devices import PARALLEL_FLAGS, flag_name, world_size
 
 __all__ = [
@@ -79,6 +81,11 @@ def implied_per_trial(cfg: StudyConfig) -> tuple[int, str] | None:
             top = max(int(c) for c in extra.choices)
             n *= top
             where.append(f"search.extra {extra.name} (largest choice {top})")
+    if cfg.search.parallelism is not None:
+        # the parallelism stage's largest size (docs/tuning.md#16-the-parallelism-stage)
+        top = tp_candidates(model_of(cfg), cfg.search.parallelism)[-1]
+        n *= top
+        where.append(f"search.parallelism {cfg.search.parallelism} (largest size {top})")
     return (n, " x ".join(where)) if where else None
 
 

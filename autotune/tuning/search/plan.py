@@ -14,6 +14,7 @@ from autotune.profiles.flags import flag_key
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile, get_model, load_model_config
 from autotune.sim import EngineArgs, sim_requests, simulate
+from autotune.tuning.search.parallelism import tp_candidates
 from autotune.tuning.search.space import SpaceBounds, max_model_len_candidates
 from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
@@ -143,6 +144,7 @@ def build_bounds(
             enable_chunked_prefill=bool(static.get("enable_chunked_prefill", True)),
             extras=extras,
             kv_cache_memory_bytes=fixed_kv_bytes(static),
+            parallel=tuple(tp_candidates(model, s.parallelism)) if s.parallelism else (),
         )
     except ValueError as exc:
         raise ConfigError(f"search: {exc}", field=("search",)) from exc

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 __all__ = [
     "MNBT_PARAM",
     "PARAM_ORDER",
+    "TP_PARAM",
     "EngineValues",
     "SpaceBounds",
     "TrialLike",
@@ -39,6 +40,9 @@ __all__ = [
 
 PARAM_ORDER = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
 MNBT_PARAM = "max_num_batched_tokens"  # the sampler's parameter is the engine value
+# the parallelism stage's parameter, suggested before the four when search.parallelism is set
+# (docs/tuning.md#16-the-parallelism-stage)
+TP_PARAM = "tensor_parallel_size"
 
 
 class TrialLike(Protocol):
@@ -70,6 +74,9 @@ class SpaceBounds:
     # cache's size: gpu_memory_utilization then sizes nothing and its stage gets no trial
     # (docs/tuning.md#8-the-staged-plan); None: the fraction sizes the KV cache
     kv_cache_memory_bytes: str | None = None
+    # tensor_parallel_size candidates of the parallelism stage, ascending; () when the
+    # study does not search parallelism (docs/tuning.md#16-the-parallelism-stage)
+    parallel: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.max_model_len_candidates:
@@ -135,7 +142,11 @@ def mnbt_engine_value(suggested: int, lo: int, hi: int) -> int:
 
 
 def suggest(trial: TrialLike, b: SpaceBounds) -> EngineValues:
-    """Suggest one configuration, strictly in :data:`PARAM_ORDER`, extras last."""
+    """Suggest one configuration, strictly in :data:`PARAM_ORDER`, extras last; the
+    parallelism first when the study searches it."""
+    tp = (
+        {TP_PARAM: int(trial.suggest_categorical(TP_PARAM, list(b.parallel)))} if b.parallel else {}
+    )
     mml = int(trial.suggest_categorical("max_model_len", list(b.max_model_len_candidates)))
     util = trial.suggest_float("gpu_memory_utilization", b.util_low, b.util_high, step=0.01)
     mns = trial.suggest_int("max_num_seqs", b.mns_low, b.mns_high, log=True)
@@ -143,7 +154,8 @@ def suggest(trial: TrialLike, b: SpaceBounds) -> EngineValues:
     extras = {name: trial.suggest_categorical(name, list(choices)) for name, choices in b.extras}
     chunked = bool(extras.get("enable_chunked_prefill", b.enable_chunked_prefill))
     lo, hi = mnbt_range(b, mml, mns, chunked)
-    return EngineValues(mml, round(util, 4), mns, mnbt_engine_value(raw, lo, hi), extras)
+    value = mnbt_engine_value(raw, lo, hi)
+    return EngineValues(mml, round(util, 4), mns, value, {**tp, **extras})
 
 
 def enqueue_params(b: SpaceBounds, engine_args: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,4 +169,6 @@ def enqueue_params(b: SpaceBounds, engine_args: Mapping[str, Any]) -> dict[str, 
     }
     for name, choices in b.extras:
         out[name] = engine_args.get(name, choices[0])
+    if b.parallel:
+        out[TP_PARAM] = int(engine_args.get(TP_PARAM, b.parallel[0]))
     return out

@@ -42,7 +42,7 @@ from autotune.tuning.attrs import (
     label_of,
     stage_of,
 )
-from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds
+from autotune.tuning.search.space import MNBT_PARAM, TP_PARAM, SpaceBounds
 
 __all__ = [
     "CONCURRENCY",
@@ -110,8 +110,10 @@ def capacity_bracket(levels: Sequence[Any]) -> list[Any]:
 
 
 def stage_params(b: SpaceBounds) -> list[str]:
-    """Sampler parameter names, one stage each, in the fixed order (extras last)."""
+    """Sampler parameter names, one stage each, in the fixed order (extras last); the
+    parallelism first when the study searches it (docs/tuning.md#16-the-parallelism-stage)."""
     return [
+        *((TP_PARAM,) if b.parallel else ()),
         "max_model_len",
         "gpu_memory_utilization",
         "max_num_seqs",
@@ -183,6 +185,8 @@ def choices_of(b: SpaceBounds, param: str) -> tuple[Any, ...] | None:
     None for a numeric one."""
     if param == "max_model_len":
         return b.max_model_len_candidates
+    if param == TP_PARAM and b.parallel:
+        return b.parallel
     return dict(b.extras).get(param)
 
 
@@ -265,7 +269,12 @@ def stage_plan(
     out: list[Stage] = []
     saved = 0
     for p in stage_params(b):
-        if p == "max_model_len":
+        if p == TP_PARAM and b.parallel:
+            # the baseline ran the smallest size: the stage tries each other one once, and
+            # the stages after it run inside the best (per device) of them
+            sizes = len(b.parallel) - 1
+            out.append(Stage(p, sizes, f"{sizes} tensor-parallel size(s) besides 1"))
+        elif p == "max_model_len":
             # a queued baseline has no params yet: its engine attribute says it
             base_mml = (
                 (base.params.get(p) or engine_value(base, p)) if base is not None else None

@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StrategyConfig
 from autotune.tuning.attrs import engine_value, stage_of
 from autotune.tuning.search.linesearch import next_on_line
-from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds, mnbt_range
+from autotune.tuning.search.space import MNBT_PARAM, TP_PARAM, SpaceBounds, mnbt_range
 from autotune.tuning.search.stages import (
     CONCURRENCY,
     at_top,
@@ -107,6 +107,7 @@ def grid_points(b: SpaceBounds, st: StrategyConfig) -> list[dict[str, Any]]:
                     "max_num_seqs": mns,
                     MNBT_PARAM: value,
                     **{name: choices[0] for name, choices in b.extras},
+                    **({TP_PARAM: b.parallel[0]} if b.parallel else {}),
                 }
             )
     random.Random(len(pts)).shuffle(pts)
@@ -239,7 +240,7 @@ def sampler_for(
         # instead of letting TPE draw the same few values again.
         tried = {t.params.get(free) for t in trials if stage_of(t) == stage}
         base = baseline_trial(trials)
-        if free == "max_model_len" and base is not None and k == 1:
+        if free in ("max_model_len", TP_PARAM) and base is not None and k == 1:
             tried.add(base.params.get(free))  # measured already: the stage tries the others
         if k >= 2:
             # a later pass re-checks the choices at the best point: one measured there

@@ -1,0 +1,125 @@
+"""The parallelism stage (docs/tuning.md#16-the-parallelism-stage): with
+``search.parallelism`` a study searches ``tensor_parallel_size`` first, per device, and the
+fixed order then runs inside the size it chose; each trial's devices follow its size."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from support.studies import config
+
+from autotune.config import parse_config
+from autotune.errors import ConfigError
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
+from autotune.store import Store
+from autotune.tuning.measure.per_device import SERVER_DEVICES_KEY, PerDevice
+from autotune.tuning.measure.virtual_runner import VirtualRunner
+from autotune.tuning.run.controller import run_study
+from autotune.tuning.run.create import create_study
+from autotune.tuning.run.lanes import plan_lanes
+from autotune.tuning.search.stages import stage_params
+from autotune.tuning.study_attrs import bounds_from_json, read_header
+from autotune.workload.build import build_workload
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+field = pytest.mark.config_field
+
+
+def par_config(**over: object) -> tuple[object, str]:
+    return config(
+        search={"parallelism": 2},
+        strategy={
+            "n_trials": 6,
+            "trials_per_stage": 1,
+            "joint_refinement": 0,
+            "validate": {"enabled": False},
+        },
+        **over,
+    )
+
+
+@field("search.parallelism")
+def test_the_stage_comes_first_and_the_order_runs_inside_its_choice(tmp_path: Path) -> None:
+    cfg, text = par_config()
+    with Store.open(f"sqlite:///{tmp_path / 'p.db'}") as store:
+        create_study(cfg, text, store)  # type: ignore[arg-type]
+        study = optuna.load_study(study_name="t", storage=store.optuna_storage())
+        b = read_header(study).bounds
+        assert b.parallel == (1, 2) and stage_params(b)[0] == "tensor_parallel_size"
+        run_study("t", store)
+        trials = sorted(store.trials("t"), key=lambda t: t.optuna_trial_number)
+    stages = [t.stage for t in trials]
+    # the stage right after the baseline, once; the four knobs' stages after it
+    assert stages[:2] == ["baseline", "tensor_parallel_size"]
+    assert "tensor_parallel_size" not in stages[2:] and len(stages) == 6
+    tps = [t.engine_args["tensor_parallel_size"] for t in trials]
+    assert tps[:2] == [1, 2]
+    # the stage's verdict, per device, holds every later trial
+    first_two = [t for t in trials[:2] if t.feasible]
+    chosen = max(first_two, key=lambda t: t.objective or 0).engine_args["tensor_parallel_size"]
+    assert all(tp == chosen for tp in tps[2:])
+    # every level says how many devices its per-device figures are of
+    for t in trials:
+        for lv in t.levels:
+            assert lv.metrics[SERVER_DEVICES_KEY] == t.engine_args["tensor_parallel_size"]
+
+
+def test_a_level_is_measured_per_device() -> None:
+    cfg, _ = par_config()
+    model, hw = get_model(MODEL), get_hardware("A100-80GB")
+    wl = build_workload(cfg.workload, vocab_size=model.vocab_size)  # type: ignore[attr-defined]
+
+    def runner() -> VirtualRunner:
+        return VirtualRunner(model, hw, model_name=MODEL, static_args={}, seed=3, jitter_cv=0.0)
+
+    args = {"max_model_len": 2048, "max_num_seqs": 64, "tensor_parallel_size": 2}
+
+    async def go() -> tuple[object, object]:
+        per, plain = PerDevice(runner(), {}), runner()
+        await per.start(args, "a")
+        await plain.start(args, "b")
+        return await per.run_level(wl, 1.5), await plain.run_level(wl, 3.0)
+
+    per_out, whole = asyncio.run(go())
+    assert per_out.scale == 1.5 and whole.scale == 3.0  # type: ignore[attr-defined]
+    pm, wm = per_out.metrics, whole.metrics  # type: ignore[attr-defined]
+    assert pm.output_throughput == pytest.approx(wm.output_throughput / 2)
+    assert pm.request_throughput == pytest.approx(wm.request_throughput / 2)
+    assert pm.summary["output_throughput"] == pytest.approx(wm.summary["output_throughput"] / 2)
+    assert (pm.p99_ttft_ms, pm.p99_tpot_ms, pm.completed) == (
+        wm.p99_ttft_ms,
+        wm.p99_tpot_ms,
+        wm.completed,
+    )
+    assert pm.summary[SERVER_DEVICES_KEY] == 2
+
+
+def test_lanes_fit_the_largest_size_and_a_trial_takes_its_own() -> None:
+    cfg, _ = par_config(worker={"kind": "sim-virtual"})
+    plan = plan_lanes("0,1,2,3", None, cfg)  # type: ignore[arg-type]
+    assert plan.lanes == (("0", "1"), ("2", "3"))
+    assert plan.devices_for(1, {"tensor_parallel_size": 1}) == "2"
+    assert plan.devices_for(1, {"tensor_parallel_size": 2}) == "2,3"
+
+
+def test_a_fixed_parallel_size_and_the_stage_are_refused_together() -> None:
+    cfg, _ = config()
+    d = cfg.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    d["search"] = {"parallelism": 4}
+    d["worker"] = {"kind": "sim-virtual", "static_args": {"tensor-parallel-size": 2}}
+    with pytest.raises(ConfigError, match=r"search\.parallelism searches tensor_parallel_size"):
+        parse_config(yaml.safe_dump(d), "p.yaml")
+
+
+def test_a_study_stored_before_the_stage_reads_back_without_it() -> None:
+    # the bounds JSON of a study created before search.parallelism existed
+    b = bounds_from_json(json.dumps({"max_model_len_candidates": [1024], "extras": []}))
+    assert b.parallel == () and stage_params(b)[0] == "max_model_len"
+    assert "parallel" in asdict(b)
