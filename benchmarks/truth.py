@@ -114,6 +114,26 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "slo": {"p99_ttft_ms": 3000, "p99_tpot_ms": 80},
     },
 }
+# Two scenarios with the parallelism in their ground truth (search.parallelism: the study's
+# stage ahead of max_model_len, per device; docs/tuning.md#16-the-parallelism-stage): a 70B
+# model on 4 x A100 (TP 4 against two TP-2 replicas; TP 1 does not fit) and an 8B model on
+# 2 x H100 (two TP-1 replicas against TP 2). Their ground truth spans every size.
+SCENARIOS |= {
+    "tp-llama70b-4xa100": {
+        "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
+        "hardware": "A100-80GB",
+        "search": {"parallelism": 4},
+        "workload": {"input_len": 1024, "output_len": 256, "rate": 1, "num_prompts": 300},
+        "slo": {"p99_ttft_ms": 8000, "p99_tpot_ms": 120},
+    },
+    "tp-llama8b-2xh100": {
+        "model": _LLAMA8,
+        "hardware": "H100-80GB",
+        "search": {"parallelism": 2},
+        "workload": {"input_len": 1024, "output_len": 256, "rate": 6, "num_prompts": 400},
+        "slo": {"p99_ttft_ms": 2000, "p99_tpot_ms": 25},
+    },
+}
 QUICK = ("chat-llama8b-a100", "memory-qwen14b-l40s")
 
 
@@ -132,6 +152,7 @@ def scenario_dict(name: str, strategy: dict[str, Any] | None = None) -> dict[str
         "mode": s.get("mode", "slo-capacity"),
         "strategy": {"capacity_low": 0.25, "capacity_high": 8.0, **(strategy or {})},
         "seed": 0,
+        **({"search": s["search"]} if "search" in s else {}),
     }
 
 
@@ -209,16 +230,21 @@ class _Search:
         self.best: tuple[float, dict[str, Any]] = (0.0, {})
         self.best_scale: float | None = None
 
-    def clamp(self, mml: int, util: float, mns: float, mnbt: float) -> dict[str, Any]:
+    def clamp(
+        self, mml: int, util: float, mns: float, mnbt: float, tp: int | None = None
+    ) -> dict[str, Any]:
         b = self.b
         n = min(max(round(mns), b.mns_low), b.mns_high)
         lo, hi = mnbt_range(b, mml, n, b.enable_chunked_prefill)
-        return {
+        out: dict[str, Any] = {
             "max_model_len": mml,
             "gpu_memory_utilization": round(min(max(util, b.util_low), b.util_high), 2),
             "max_num_seqs": n,
             "max_num_batched_tokens": min(max(round(mnbt), lo), hi),
         }
+        if b.parallel:  # the parallelism scenarios: the size is part of the config
+            out["tensor_parallel_size"] = tp if tp is not None else b.parallel[0]
+        return out
 
     def eval(self, ea: dict[str, Any]) -> float:
         key = args_key(ea)
@@ -238,9 +264,10 @@ class _Search:
         b = self.b
         util = b.util_high
         for mml in sorted(b.max_model_len_candidates, reverse=True):
-            for mns in _geom(b.mns_low, b.mns_high, 8):
-                for mnbt in _geom(b.mnbt_low, min(b.mnbt_high, 32768), 16):
-                    self.eval(self.clamp(mml, util, mns, mnbt))
+            for tp in b.parallel or (None,):  # every size: the truth picks among them too
+                for mns in _geom(b.mns_low, b.mns_high, 8):
+                    for mnbt in _geom(b.mnbt_low, min(b.mnbt_high, 32768), 16):
+                        self.eval(self.clamp(mml, util, mns, mnbt, tp))
             if self.best[1]:
                 break
         if not self.best[1]:
@@ -249,9 +276,11 @@ class _Search:
                 f"({', '.join(map(str, b.max_model_len_candidates))}); no ground truth"
             )
         ea = self.best[1]
+        tp = ea.get("tensor_parallel_size")
         for mml in b.max_model_len_candidates:
             for util in (b.util_low, (b.util_low + b.util_high) / 2, b.util_high):
-                self.eval(self.clamp(mml, util, ea["max_num_seqs"], ea["max_num_batched_tokens"]))
+                mns, mnbt = ea["max_num_seqs"], ea["max_num_batched_tokens"]
+                self.eval(self.clamp(mml, util, mns, mnbt, tp))
 
     def refine(self, start: dict[str, Any]) -> None:
         """Pattern search from ``start``: each parameter up and down by a factor (a step for
@@ -265,13 +294,14 @@ class _Search:
             while True:
                 mml, util = cur["max_model_len"], cur["gpu_memory_utilization"]
                 mns, mnbt = cur["max_num_seqs"], cur["max_num_batched_tokens"]
+                tp = cur.get("tensor_parallel_size")  # a start's size stays its own
                 cands = [
-                    self.clamp(mml, util, mns * f_mns, mnbt),
-                    self.clamp(mml, util, mns / f_mns, mnbt),
-                    self.clamp(mml, util, mns, mnbt * f_mnbt),
-                    self.clamp(mml, util, mns, mnbt / f_mnbt),
-                    self.clamp(mml, util + d_util, mns, mnbt),
-                    self.clamp(mml, util - d_util, mns, mnbt),
+                    self.clamp(mml, util, mns * f_mns, mnbt, tp),
+                    self.clamp(mml, util, mns / f_mns, mnbt, tp),
+                    self.clamp(mml, util, mns, mnbt * f_mnbt, tp),
+                    self.clamp(mml, util, mns, mnbt / f_mnbt, tp),
+                    self.clamp(mml, util + d_util, mns, mnbt, tp),
+                    self.clamp(mml, util - d_util, mns, mnbt, tp),
                 ]
                 obj, ea = max(((self.eval(c), c) for c in cands), key=lambda t: t[0])
                 if obj <= cur_obj * (1 + 1e-9):
@@ -296,6 +326,10 @@ def ground_truth(name: str, log: Any = print) -> dict[str, Any]:
     s.grid()
     log(f"  {name}: grid done ({len(s.seen)} configs, best {s.best[0]:,.1f} tok/s)")
     starts = sorted(s.seen.items(), key=lambda kv: -kv[1])[:3]
+    for tp in b.parallel:  # and the best of every size, so each is refined
+        mine = [kv for kv in s.seen.items() if json.loads(kv[0]).get("tensor_parallel_size") == tp]
+        if mine and max(mine, key=lambda kv: kv[1]) not in starts:
+            starts.append(max(mine, key=lambda kv: kv[1]))
     for key, _ in starts:
         s.refine(json.loads(key))
     log(f"  {name}: refined ({len(s.seen)} configs, best {s.best[0]:,.1f} tok/s)")

@@ -27,16 +27,17 @@ from autotune.tuning.run.lanes import plan_lanes
 from autotune.tuning.search.stages import stage_params
 from autotune.tuning.study_attrs import bounds_from_json, read_header
 from autotune.workload.build import build_workload
+from autotune.workload.sustain import tiled
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 field = pytest.mark.config_field
 
 
-def par_config(**over: object) -> tuple[object, str]:
+def par_config(n_trials: int = 6, **over: object) -> tuple[object, str]:
     return config(
         search={"parallelism": 2},
         strategy={
-            "n_trials": 6,
+            "n_trials": n_trials,
             "trials_per_stage": 1,
             "joint_refinement": 0,
             "validate": {"enabled": False},
@@ -47,7 +48,7 @@ def par_config(**over: object) -> tuple[object, str]:
 
 @field("search.parallelism")
 def test_the_stage_comes_first_and_the_order_runs_inside_its_choice(tmp_path: Path) -> None:
-    cfg, text = par_config()
+    cfg, text = par_config(n_trials=8)
     with Store.open(f"sqlite:///{tmp_path / 'p.db'}") as store:
         create_study(cfg, text, store)  # type: ignore[arg-type]
         study = optuna.load_study(study_name="t", storage=store.optuna_storage())
@@ -56,15 +57,31 @@ def test_the_stage_comes_first_and_the_order_runs_inside_its_choice(tmp_path: Pa
         run_study("t", store)
         trials = sorted(store.trials("t"), key=lambda t: t.optuna_trial_number)
     stages = [t.stage for t in trials]
-    # the stage right after the baseline, once; the four knobs' stages after it
+    # the stage right after the baseline, once in pass 1; the four knobs' stages after it
     assert stages[:2] == ["baseline", "tensor_parallel_size"]
-    assert "tensor_parallel_size" not in stages[2:] and len(stages) == 6
+    assert stages.count("tensor_parallel_size") == 1 and len(stages) == 8
     tps = [t.engine_args["tensor_parallel_size"] for t in trials]
     assert tps[:2] == [1, 2]
-    # the stage's verdict, per device, holds every later trial
+    # the stage's verdict, per device, holds the rest of pass 1
     first_two = [t for t in trials[:2] if t.feasible]
     chosen = max(first_two, key=lambda t: t.objective or 0).engine_args["tensor_parallel_size"]
-    assert all(tp == chosen for tp in tps[2:])
+    pass1 = [t for t in trials[2:] if "." not in t.stage and t.stage != "joint"]
+    assert pass1 and all(t.engine_args["tensor_parallel_size"] == chosen for t in pass1)
+    # after the knobs are tuned, the other size is measured again at the tuned point
+    again = [t for t in trials if t.stage == "tensor_parallel_size.2"]
+    assert [t.engine_args["tensor_parallel_size"] for t in again] == [3 - chosen]
+    before = [t for t in trials if t.optuna_trial_number < again[0].optuna_trial_number]
+    best = max(before, key=lambda t: t.objective or 0)
+    assert best.engine_args["tensor_parallel_size"] == chosen
+    # carried over per device: a server of half (twice) the devices holds half (twice)
+    # the sequences and tokens at the same load per device
+    ratio = (3 - chosen) / chosen
+    ranges = {"max_num_seqs": (b.mns_low, b.mns_high), "max_num_batched_tokens": (1, 1 << 30)}
+    for k, (lo, hi) in ranges.items():
+        want = min(max(round(best.engine_args[k] * ratio), lo), hi)
+        got = again[0].engine_args[k]
+        # max_num_batched_tokens is raised to max_num_seqs when below it (vLLM's rule)
+        assert got == want or (k == "max_num_batched_tokens" and got >= want)
     # every level says how many devices its per-device figures are of
     for t in trials:
         for lv in t.levels:
@@ -85,7 +102,9 @@ def test_a_level_is_measured_per_device() -> None:
         per, plain = PerDevice(runner(), {}), runner()
         await per.start(args, "a")
         await plain.start(args, "b")
-        return await per.run_level(wl, 1.5), await plain.run_level(wl, 3.0)
+        # two copies of the sample at twice the rate: as long a level as one device's
+        twice = tiled(wl, 2)
+        return await per.run_level(wl, 1.5), await plain.run_level(twice, 3.0)
 
     per_out, whole = asyncio.run(go())
     assert per_out.scale == 1.5 and whole.scale == 3.0  # type: ignore[attr-defined]
@@ -93,6 +112,7 @@ def test_a_level_is_measured_per_device() -> None:
     assert pm.output_throughput == pytest.approx(wm.output_throughput / 2)
     assert pm.request_throughput == pytest.approx(wm.request_throughput / 2)
     assert pm.summary["output_throughput"] == pytest.approx(wm.summary["output_throughput"] / 2)
+    assert pm.completed == 2 * len(wl.requests)  # type: ignore[attr-defined]
     assert (pm.p99_ttft_ms, pm.p99_tpot_ms, pm.completed) == (
         wm.p99_ttft_ms,
         wm.p99_tpot_ms,

@@ -301,6 +301,11 @@ class StudyConfig(ConfigModel):
     def _parallelism(self) -> StudyConfig:
         if self.search.parallelism is None:
             return self
+        if self.mode != "slo-capacity":
+            raise ValueError(
+                "search.parallelism compares sizes by SLO capacity per device: it needs mode "
+                f"'slo-capacity', not {self.mode!r}"
+            )
         fixed = [k for k in self.worker.static_args if k.replace("-", "_") in _PARALLEL_ARGS]
         fixed += [e.name for e in self.search.extra if e.name.replace("-", "_") in _PARALLEL_ARGS]
         if fixed:

@@ -34,7 +34,14 @@ import numpy as np
 from autotune.errors import ConfigError
 from autotune.workload.core import Workload, WorkloadRequest
 
-__all__ = ["MAX_LEVEL_REQUESTS", "copies_needed", "looped_stored", "sample_requests", "sustain"]
+__all__ = [
+    "MAX_LEVEL_REQUESTS",
+    "copies_needed",
+    "looped_stored",
+    "sample_requests",
+    "sustain",
+    "tiled",
+]
 
 _SAMPLE_REQUESTS = "sample_requests"  # a looped level's stored metrics: requests in the sample
 # a looped level is held in memory: a sample whose span is a sliver of the minimum (a few
@@ -93,15 +100,34 @@ def sustain(wl: Workload, scale: float, min_s: float, min_n: int) -> Workload:
     )
 
 
+def tiled(wl: Workload, k: int) -> Workload:
+    """``k`` copies of ``wl`` (itself a looped level or not) one after the other, request ids
+    marked ``#d<copy>``: the load of ``k`` devices at one device's rate and span
+    (docs/tuning.md#16-the-parallelism-stage)."""
+    if k <= 1:
+        return wl
+    times = wl.arrivals()
+    period = float(times[-1]) if times is not None else 0.0
+    renames = _token_renames(wl.requests)
+    reqs = list(wl.requests)
+    for c in range(1, k):
+        reqs += [_copy(r, c, c * period, renames, mark="#d") for r in wl.requests]
+    return Workload(reqs, f"{wl.source}; x{k} devices", wl.closed_loop_concurrency, wl.dropped)
+
+
 def _copy(
-    r: WorkloadRequest, c: int, shift: float, renames: tuple[np.ndarray, int] | None
+    r: WorkloadRequest,
+    c: int,
+    shift: float,
+    renames: tuple[np.ndarray, int] | None,
+    mark: str = "@",
 ) -> WorkloadRequest:
     ids: tuple[int, ...] | None = None
     if r.prompt_token_ids is not None and renames is not None:
         ids = _renamed(r.prompt_token_ids, c, renames)
     return replace(
         r,
-        request_id=f"{r.request_id}@{c}",
+        request_id=f"{r.request_id}{mark}{c}",
         arrival=None if r.arrival is None else r.arrival + shift,
         prompt_text=None,
         prompt_token_ids=ids,

@@ -3,7 +3,8 @@
 When a study searches ``tensor_parallel_size``, trials of different sizes hold different
 numbers of devices, and the search compares them per device: a trial of ``k`` devices at load
 scale ``s`` is offered ``k * s`` times the workload's rate, and its level is reported at scale
-``s`` with its throughputs divided by ``k``. The capacity lattice, the early stop, settling
+``s`` with its throughputs divided by ``k``; the sample is looped into ``k`` copies, so the
+level lasts as long as a one-device level at ``s``. The capacity lattice, the early stop, settling
 and the validation phase then compare trials of every size on one axis, load per device,
 with no change of their own; latencies are the server's as measured. :class:`PerDevice`
 wraps the study's runner and does exactly that; everything else is the wrapped runner's.
@@ -23,6 +24,7 @@ from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import Runner, StartInfo
 from autotune.workers.devices import world_size
 from autotune.workload.core import Workload
+from autotune.workload.sustain import tiled
 
 __all__ = ["PER_DEVICE_KEYS", "SERVER_DEVICES_KEY", "PerDevice", "per_device_metrics"]
 
@@ -91,7 +93,11 @@ class PerDevice:
         progress: Callable[[ProgressSnapshot], None] | None = None,
     ) -> LevelOutcome:
         k = self.devices
-        out = await self.inner.run_level(workload, scale * k, progress=progress)
+        # k copies of the sample: at k times the rate the level then lasts as long as one
+        # device's does, so per-device throughputs are over the same span (a shorter level's
+        # drain would weigh more and bias against the larger size)
+        wl = tiled(workload, k)
+        out = await self.inner.run_level(wl, scale * k, progress=progress)
         return dataclasses.replace(
             out,
             scale=scale,

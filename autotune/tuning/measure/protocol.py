@@ -22,7 +22,8 @@ from autotune.profiles.hardware import HardwareProfile
 from autotune.sim import hardware_of
 from autotune.tuning.measure.capacity import CapacityResult
 from autotune.tuning.measure.level_plan import LevelPlan, measure
-from autotune.tuning.measure.runner_protocol import offered_rate
+from autotune.tuning.measure.per_device import PerDevice
+from autotune.tuning.measure.runner_protocol import Runner, offered_rate
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.search.plan import model_of
 from autotune.workload.build import build_workload
@@ -76,7 +77,7 @@ async def measure_config(
     # bisection at the middle, not a study's lean: a re-measurement spends no GPU time, and
     # the cached figures were measured so (docs/tuning.md#1-the-capacity-lattice)
     plan = dataclasses.replace(plan, lean=0.5)
-    runner = VirtualRunner(
+    virtual = VirtualRunner(
         model,
         hw,
         model_name=cfg.model.name,
@@ -85,6 +86,13 @@ async def measure_config(
         jitter_cv=protocol.jitter_cv,
         warmup=cfg.workload.warmup,
         early_stop=plan.early_stop,  # verdicts, and so capacities, are those of full replays
+    )
+    # a study that searches the parallelism measures per device, and so does its re-measure
+    # (docs/tuning.md#16-the-parallelism-stage)
+    runner: Runner = (
+        PerDevice(virtual, cfg.worker.static_args)
+        if cfg.search.parallelism is not None
+        else virtual
     )
     try:
         await runner.start(engine_args, "measure")

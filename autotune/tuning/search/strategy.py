@@ -254,6 +254,9 @@ def sampler_for(
             now = _clip(b, free, _engine(best, free))
             untried = [c for c in choices if c != now]
         if untried:
+            if free == TP_PARAM and k >= 2 and best is not None:
+                now = int(_engine(best, TP_PARAM) or 1)
+                fixed = _per_device_point(b, fixed, now, int(untried[0]))
             fixed[free] = untried[0]
             return optuna.samplers.PartialFixedSampler(fixed, tpe)
     elif fixed and st is not None:
@@ -276,6 +279,18 @@ def _measured_at(trials: Sequence[FrozenTrial], b: SpaceBounds, point: dict[str,
         and _at(t, b, point)
         for t in trials
     )
+
+
+def _per_device_point(b: SpaceBounds, fixed: dict[str, Any], now: int, size: int) -> dict[str, Any]:
+    """The tuned point of size ``now`` carried to another tensor-parallel ``size``: at the
+    same load per device a server of k devices holds k times the sequences and schedules k
+    times the tokens per step, so both concurrency knobs scale with the size
+    (docs/tuning.md#16-the-parallelism-stage)."""
+    out = dict(fixed)
+    for name in CONCURRENCY:
+        if name in out:
+            out[name] = _clip(b, name, round(int(out[name]) * size / now))
+    return out
 
 
 def _engine(t: FrozenTrial, name: str) -> Any:
