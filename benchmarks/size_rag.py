@@ -23,18 +23,18 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.config import load_config
-from autotune.planning.deployment import ReplicaSetup, deployment_runner
+from autotune.planning.deployment import deployment_runner
 from autotune.planning.replicas import Target
-from autotune.planning.size_run import size_deployment
-from autotune.sim import EngineArgs, hardware_of, sim_engine_args
+from autotune.planning.size_run import replica_setup, size_deployment
+from autotune.sim import EngineArgs, sim_engine_args
 from autotune.store import Store
-from autotune.tuning.measure.scoring import Slo
 from autotune.tuning.search.plan import model_of
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "rag-chat.yaml"
@@ -49,20 +49,6 @@ GUIDE = EngineArgs(
 FRESH = 900_001  # re-measurement seeds: far from the size run's (the config's seed and up)
 
 
-def setup_for(cfg: Any, hardware: str, args: EngineArgs, seed: int) -> ReplicaSetup:
-    return ReplicaSetup(
-        model_of(cfg),
-        hardware_of(hardware),
-        args,
-        cfg.workload,
-        Slo.of(cfg.slo),
-        seed=seed,
-        jitter_cv=cfg.worker.jitter_cv,
-        min_requests=cfg.strategy.min_level_requests,
-        min_seconds=cfg.strategy.min_level_s,
-    )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=5)
@@ -74,6 +60,7 @@ def main() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = load_config(CONFIG)
+    model = model_of(cfg)
     target = Target("concurrency", float(a.concurrency))
     hw = [h.strip() for h in a.hardware.split(",")]
     t0 = time.perf_counter()
@@ -96,7 +83,8 @@ def main() -> None:
         ttft: list[float] = []
         tpot: list[float] = []
         for k in range(a.samples):
-            run = deployment_runner(setup_for(cfg, r.hardware, args, FRESH + 1000 * k), target)
+            setup = replica_setup(cfg, model, r.hardware, args)
+            run = deployment_runner(replace(setup, seed=FRESH + 1000 * k), target)
             at = run(r.replicas)
             met_n += at.meets
             ttft.append(at.p99_ttft_ms or float("nan"))
@@ -105,9 +93,10 @@ def main() -> None:
                 met_below += run(r.replicas - 1).meets
         name = f"{r.hardware} TP{r.tensor_parallel_size}"
         re_ttft, re_tpot = sorted(ttft)[len(ttft) // 2], sorted(tpot)[len(tpot) // 2]
+        below = f"{met_below}/{a.samples}" if r.replicas > 1 else "-"  # no N - 1 to run
         print(
             f"{name:<18} {r.replicas:>3} {r.gpus:>4} {r.check or '-':<13} "
-            f"{met_n}/{a.samples:<4} {met_below}/{a.samples:<5} "
+            f"{met_n}/{a.samples:<4} {below:<7} "
             f"{r.p99_ttft_ms or 0:>7,.0f}/{re_ttft:<8,.0f} "
             f"{r.p99_tpot_ms or 0:>7.1f}/{re_tpot:<8.1f}"
         )
@@ -131,7 +120,8 @@ def main() -> None:
     guide_met = 0
     guide_figs: list[tuple[float | None, float | None]] = []
     for k in range(a.samples):
-        run = deployment_runner(setup_for(cfg, "H100-80GB", GUIDE, FRESH + 1000 * k), target)
+        setup = replica_setup(cfg, model, "H100-80GB", GUIDE)
+        run = deployment_runner(replace(setup, seed=FRESH + 1000 * k), target)
         d = run(1)
         guide_met += d.meets
         guide_figs.append((d.p99_ttft_ms, d.p99_tpot_ms))

@@ -36,7 +36,7 @@ from autotune.sim import EngineArgs, simulate
 
 ALPHAS_US = (5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 ETA_LINK = (0.05, 0.1, 0.25, 0.5, 1.0)
-FIGS: tuple[str, ...] = ("output_tok_per_s", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_ms")
+FIGS = ("output_tok_per_s", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_ms")
 
 
 def predict(row: Any, alpha: float, eta_link: float, tp_cost: bool = True) -> dict[str, float]:
@@ -53,12 +53,14 @@ def predict(row: Any, alpha: float, eta_link: float, tp_cost: bool = True) -> di
     return figures(res)
 
 
-def errors(rows: list[Any], preds: list[dict[str, float]]) -> dict[str, float]:
-    """Mean |log(pred / published)| over FIGS, and per figure the mean absolute % error and
+def errors(
+    rows: list[Any], preds: list[dict[str, float]], figs: tuple[str, ...]
+) -> dict[str, float]:
+    """Mean |log(pred / published)| over ``figs``, and per figure the mean absolute % error and
     the mean signed one (positive: the simulator's figure is higher)."""
     logs: list[float] = []
     out: dict[str, float] = {}
-    for fig in FIGS:
+    for fig in figs:
         pct: list[float] = []
         for r, p in zip(rows, preds, strict=True):
             if fig in r.published and fig in p and p[fig] > 0:
@@ -71,10 +73,9 @@ def errors(rows: list[Any], preds: list[dict[str, float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    global FIGS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--figs", default=",".join(FIGS), help="the figures the fit weighs")
-    FIGS = tuple(f.strip() for f in ap.parse_args().figs.split(","))
+    figs = tuple(f.strip() for f in ap.parse_args().figs.split(","))
     rows = [r for r in read_rows(DATA / "rows.csv") if r.tp > 1 and r.input_len is not None]
     fit = [r for r in rows if r.split == "fit"]
     held = [r for r in rows if r.split != "fit"]
@@ -84,7 +85,7 @@ def main() -> None:
     grid: list[tuple[float, float, float]] = []
     for a in ALPHAS_US:
         for e in ETA_LINK:
-            err = errors(fit, [predict(r, a * 1e-6, e) for r in fit])["mean_abs_log"]
+            err = errors(fit, [predict(r, a * 1e-6, e) for r in fit], figs)["mean_abs_log"]
             grid.append((err, a, e))
             print(f"  alpha {a:>4.0f} us, eta_link {e:.2f}: fit mean |log err| {err:.4f}")
     best_err, best_a, best_e = min(grid)
@@ -100,7 +101,7 @@ def main() -> None:
     )
     for name, (a, e, on) in cands.items():
         for split, rs in (("fit", fit), ("held-out", held)):
-            err = errors(rs, [predict(r, a, e, on) for r in rs])
+            err = errors(rs, [predict(r, a, e, on) for r in rs], figs)
             print(
                 f"{name:<38} {split:<9} {err['output_tok_per_s']:>16.1f} "
                 f"{err['output_tok_per_s_signed']:>+7.1f} {err['mean_tpot_ms']:>11.1f} "
@@ -108,11 +109,11 @@ def main() -> None:
             )
             result[f"{name} / {split}"] = {k: round(v, 2) for k, v in err.items()}
     # per row: where the constants pull (signed % error of each figure, current and fitted)
-    print(f"{'row':<42} {'split':<8} " + " ".join(f"{f:>22}" for f in FIGS))
+    print(f"{'row':<42} {'split':<8} " + " ".join(f"{f:>22}" for f in figs))
     for r in fit + held:
         cur, new = predict(r, base, 1.0), predict(r, best_a * 1e-6, best_e)
         cells = []
-        for f in FIGS:
+        for f in figs:
             if f in r.published and f in cur:
                 pub = r.published[f]
                 cells.append(
@@ -129,7 +130,7 @@ def main() -> None:
                 "alpha_us": best_a,
                 "eta_link": best_e,
                 "fit_mean_abs_log": round(best_err, 4),
-                "figs": list(FIGS),
+                "figs": list(figs),
                 "errors": result,
             }
         )

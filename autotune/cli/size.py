@@ -63,7 +63,7 @@ def _print(report: SizeReport) -> None:
             print(f"{r.hardware} TP {r.tensor_parallel_size}: {r.check_text}")
     if report.unpriced:
         print(f"no price for {', '.join(report.unpriced)}: ranked by GPUs")
-    gpu_s = sum(r.study_gpu_s for r in report.rows)
+    gpu_s = report.study_gpu_s
     how = "simulated: what the same studies would take on" if report.worker != "vllm" else "on"
     print(f"studies: {gpu_s / 3600:,.2f} GPU-hours ({how} the GPUs; docs/cost.md)")
     w = report.winner

@@ -57,6 +57,12 @@ def candidate_config(
 ) -> StudyConfig:
     """The user's config as one candidate's short study on ``worker`` (``sim-virtual``
     plans on the simulator; ``vllm`` keeps the config's real worker section)."""
+    text = _candidate_text(base, hardware, tp, trials, worker)
+    return parse_config(text, f"{base.name} ({hardware}, TP {tp})")
+
+
+def _candidate_text(base: StudyConfig, hardware: str, tp: int, trials: int, worker: str) -> str:
+    """The candidate's study config as YAML (what its study stores)."""
     d = base.model_dump(mode="json", by_alias=True, exclude_unset=True)
     d["name"] = f"{base.name}-size-{hardware}-tp{tp}"[:100]
     d["hardware"] = hardware
@@ -76,7 +82,7 @@ def candidate_config(
     # wide TP group ten times it: both are rows, so the capacity search spans both
     strategy["capacity_low"] = min(base.strategy.capacity_low, _CAPACITY_LOW)
     strategy["capacity_high"] = max(base.strategy.capacity_high, _CAPACITY_HIGH)
-    return parse_config(yaml.safe_dump(d, sort_keys=False), f"{base.name} ({hardware}, TP {tp})")
+    return yaml.safe_dump(d, sort_keys=False)
 
 
 def run_candidate(
@@ -90,9 +96,9 @@ def run_candidate(
     on_event: OnEvent | None = None,
 ) -> CandidateResult:
     """Create and run one candidate's study in ``store``; errors become the row's reason."""
-    cfg = candidate_config(base, hardware, tp, trials, worker)
+    text = _candidate_text(base, hardware, tp, trials, worker)
+    cfg = parse_config(text, f"{base.name} ({hardware}, TP {tp})")
     row = CandidateResult(hardware, tp, cfg.name, cfg)
-    text = yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True, exclude_unset=True))
     try:
         if store.get_study(cfg.name) is None:
             create_study(cfg, text, store)

@@ -19,26 +19,28 @@ from autotune.planning.deployment import ReplicaSetup, deployment_runner, max_st
 from autotune.planning.prices import Prices
 from autotune.planning.replicas import Target, check_replicas, replicas_needed_for
 from autotune.planning.size_table import SizeReport, SizeRow, build_row, rank_rows
-from autotune.sim import hardware_of, sim_engine_args
+from autotune.profiles.models import ModelProfile
+from autotune.sim import EngineArgs, hardware_of, sim_engine_args
 from autotune.store import Store
 from autotune.tuning.measure.scoring import Slo
 from autotune.tuning.search.parallelism import tp_candidates
 from autotune.tuning.search.plan import model_of
 
-__all__ = ["DEVICES_PER_NODE", "size_deployment", "size_row"]
+__all__ = ["DEVICES_PER_NODE", "replica_setup", "size_deployment", "size_row"]
 
 # a TP group stays on one node; eight GPUs is the common node (HGX, DGX, p5/a3 instances)
 DEVICES_PER_NODE = 8
 
 
-def size_row(cfg: StudyConfig, c: CandidateResult, target: Target, prices: Prices) -> SizeRow:
-    """Candidate ``c`` sized for ``target`` and checked as a replicated deployment."""
-    if c.failure is not None or c.engine_args is None or c.capacity_rps is None:
-        return build_row(c, None, None, prices)
-    setup = ReplicaSetup(
-        model_of(cfg),
-        hardware_of(c.hardware),
-        sim_engine_args(c.engine_args, c.config.worker.static_args),
+def replica_setup(
+    cfg: StudyConfig, model: ModelProfile, hardware: str, args: EngineArgs
+) -> ReplicaSetup:
+    """One replica of ``args`` on ``hardware``, judged by ``cfg``'s SLOs, sampled from its
+    workload with a study's level length (docs/sizing.md#3-replicas-and-their-check)."""
+    return ReplicaSetup(
+        model,
+        hardware_of(hardware),
+        args,
         cfg.workload,
         Slo.of(cfg.slo),
         seed=cfg.seed,
@@ -46,6 +48,16 @@ def size_row(cfg: StudyConfig, c: CandidateResult, target: Target, prices: Price
         min_requests=cfg.strategy.min_level_requests,
         min_seconds=cfg.strategy.min_level_s,
     )
+
+
+def size_row(
+    cfg: StudyConfig, model: ModelProfile, c: CandidateResult, target: Target, prices: Prices
+) -> SizeRow:
+    """Candidate ``c`` sized for ``target`` and checked as a replicated deployment."""
+    if c.failure is not None or c.engine_args is None or c.capacity_rps is None:
+        return build_row(c, None, None, prices)
+    args = sim_engine_args(c.engine_args, c.config.worker.static_args)
+    setup = replica_setup(cfg, model, c.hardware, args)
     ceiling: int | None = None
     if target.kind == "rate":
         per_replica = c.capacity_rps
@@ -77,7 +89,7 @@ def size_deployment(
     for hw in hardware:
         for tp in tp_candidates(model, devices_per_node):
             c = run_candidate(cfg, hw, tp, trials, store, worker=worker)
-            row = size_row(cfg, c, target, prices)
+            row = size_row(cfg, model, c, target, prices)
             rows.append(row)
             if progress is not None:
                 progress(row)

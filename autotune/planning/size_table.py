@@ -151,6 +151,11 @@ class SizeReport:
     unpriced: list[str] = field(default_factory=list)
 
     @property
+    def study_gpu_s(self) -> float:
+        """Device-seconds of every candidate's study."""
+        return sum(r.study_gpu_s for r in self.rows)
+
+    @property
     def winner(self) -> SizeRow | None:
         return self.rows[0] if self.rows and self.rows[0].usable else None
 
@@ -164,7 +169,7 @@ class SizeReport:
             "worker": self.worker,
             "ranked_by": self.ranked_by,
             "unpriced": self.unpriced,
-            "study_gpu_s": sum(r.study_gpu_s for r in self.rows),
+            "study_gpu_s": self.study_gpu_s,
             "winner": None if w is None else {"row": 0, "command": w.command},
             "rows": [r.to_dict() for r in self.rows],
         }

@@ -141,7 +141,9 @@ def format_recommendation(rec: Recommendation) -> str:
     t, b = rec.trial, rec.baseline
     top = top_level_figures(t)
     lv = t.headline_level()
-    devices = int((lv.metrics if lv is not None else {}).get(SERVER_DEVICES_KEY) or 1)
+    # present only when the study searched the parallelism: its figures are per device
+    per_device = lv.metrics.get(SERVER_DEVICES_KEY) if lv is not None else None
+    devices = int(per_device or 1)
     cap = rec.capacity()
     rps = capacity_rps(t)
     if not t.feasible:
@@ -158,7 +160,7 @@ def format_recommendation(rec: Recommendation) -> str:
             if rps is not None:
                 what += f" ({rps:,.2f} req/s)"
         lines.append(what)
-        if devices > 1 or SERVER_DEVICES_KEY in (lv.metrics if lv is not None else {}):
+        if per_device is not None:
             lines.append(
                 f"  per device: the study searched the parallelism, so loads and throughputs "
                 f"are per device; this config runs on {devices} device(s) "

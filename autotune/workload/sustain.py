@@ -86,18 +86,7 @@ def sustain(wl: Workload, scale: float, min_s: float, min_n: int) -> Workload:
             f"sample would be looped into {k * len(wl):,} requests, over {MAX_LEVEL_REQUESTS:,}; "
             "lower strategy.min_level_s or make the sample longer (workload.num_prompts)"
         )
-    times = wl.arrivals()
-    period = float(times[-1]) if times is not None else 0.0
-    renames = _token_renames(wl.requests)
-    reqs = list(wl.requests)
-    for c in range(1, k):
-        reqs += [_copy(r, c, c * period, renames) for r in wl.requests]
-    return Workload(
-        reqs,
-        f"{wl.source}; looped x{k} ({len(wl)} requests per copy)",
-        wl.closed_loop_concurrency,
-        wl.dropped,
-    )
+    return _repeated(wl, k, "@", f"{wl.source}; looped x{k} ({len(wl)} requests per copy)")
 
 
 def tiled(wl: Workload, k: int) -> Workload:
@@ -106,13 +95,18 @@ def tiled(wl: Workload, k: int) -> Workload:
     (docs/tuning.md#16-the-parallelism-stage)."""
     if k <= 1:
         return wl
+    return _repeated(wl, k, "#d", f"{wl.source}; x{k} devices")
+
+
+def _repeated(wl: Workload, k: int, mark: str, source: str) -> Workload:
+    """``k`` copies of ``wl``, each shifted by its span, ids marked ``<mark><copy>``."""
     times = wl.arrivals()
     period = float(times[-1]) if times is not None else 0.0
     renames = _token_renames(wl.requests)
     reqs = list(wl.requests)
     for c in range(1, k):
-        reqs += [_copy(r, c, c * period, renames, mark="#d") for r in wl.requests]
-    return Workload(reqs, f"{wl.source}; x{k} devices", wl.closed_loop_concurrency, wl.dropped)
+        reqs += [_copy(r, c, c * period, renames, mark) for r in wl.requests]
+    return Workload(reqs, source, wl.closed_loop_concurrency, wl.dropped)
 
 
 def _copy(
@@ -120,7 +114,7 @@ def _copy(
     c: int,
     shift: float,
     renames: tuple[np.ndarray, int] | None,
-    mark: str = "@",
+    mark: str,
 ) -> WorkloadRequest:
     ids: tuple[int, ...] | None = None
     if r.prompt_token_ids is not None and renames is not None:
