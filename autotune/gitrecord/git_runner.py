@@ -215,9 +215,11 @@ def open_folder(path: str | Path) -> GitFolder:
     r = _git(folder, where)
     if r.returncode != 0 and "not a git repository" in r.stderr:
         init = _git(folder, ["init", "--quiet"])
-        if init.returncode != 0:
-            raise _failed(folder, "init", init)
         r = _git(folder, where)
+        # two committers can init one new folder at once: git's config lock then fails the
+        # second `git init`, while the first made the repository both go on with
+        if init.returncode != 0 and r.returncode != 0:
+            raise _failed(folder, "init", init)
     if r.returncode != 0:
         raise _failed(folder, "rev-parse", r)
     top, git_dir = (Path(p) for p in r.stdout.splitlines()[:2])
