@@ -24,6 +24,7 @@ from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.lanes import plan_lanes
+from autotune.tuning.search.plan import build_bounds, model_of
 from autotune.tuning.search.stages import stage_params
 from autotune.tuning.study_attrs import bounds_from_json, read_header
 from autotune.workload.build import build_workload
@@ -86,6 +87,20 @@ def test_the_stage_comes_first_and_the_order_runs_inside_its_choice(tmp_path: Pa
     for t in trials:
         for lv in t.levels:
             assert lv.metrics[SERVER_DEVICES_KEY] == t.engine_args["tensor_parallel_size"]
+
+
+def test_the_max_num_seqs_ceiling_is_the_largest_sizes() -> None:
+    """A server of k devices is offered k copies of the load, so it holds k times the peak:
+    the default ceiling (twice the peak) is the largest size's, and a range the user sets
+    stays theirs."""
+    cfg, _ = par_config(workload={"peak_concurrency": 90})
+    wl = build_workload(cfg.workload)  # type: ignore[attr-defined]
+    b = build_bounds(cfg, model_of(cfg), wl.profile(), 0)  # type: ignore[arg-type]
+    assert b.parallel == (1, 2) and b.mns_high == 2 * 2 * 90
+    one, _ = config(workload={"peak_concurrency": 90})
+    assert build_bounds(one, model_of(one), wl.profile(), 0).mns_high == 2 * 90
+    mine, _ = config(search={"parallelism": 2, "max_num_seqs": {"high": 64}})
+    assert build_bounds(mine, model_of(mine), wl.profile(), 0).mns_high == 64  # type: ignore[arg-type]
 
 
 def test_a_level_is_measured_per_device() -> None:

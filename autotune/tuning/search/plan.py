@@ -127,6 +127,12 @@ def build_bounds(
         )
     util_lo, util_hi = _rng(s.gpu_memory_utilization, 0.80, 0.97 if cfg.mode == "offline" else 0.95)
     peak = cfg.workload.peak_concurrency or peak_concurrency
+    parallel = tuple(tp_candidates(model, s.parallelism)) if s.parallelism else ()
+    if parallel:
+        # a server of k devices is offered k copies of the load (per device), so it holds
+        # k times the peak: the ceiling is the largest size's
+        # (docs/tuning.md#16-the-parallelism-stage)
+        peak *= max(parallel)
     mns_hi_default = min(_MNS_CAP, max(2 * peak, 2 * _MNS_FLOOR)) if peak else 1024
     mns_lo, mns_hi = _rng(s.max_num_seqs, _MNS_FLOOR, mns_hi_default)
     mnbt_lo, mnbt_hi = _rng(s.max_num_batched_tokens, 256, 65536)
@@ -144,7 +150,7 @@ def build_bounds(
             enable_chunked_prefill=bool(static.get("enable_chunked_prefill", True)),
             extras=extras,
             kv_cache_memory_bytes=fixed_kv_bytes(static),
-            parallel=tuple(tp_candidates(model, s.parallelism)) if s.parallelism else (),
+            parallel=parallel,
         )
     except ValueError as exc:
         raise ConfigError(f"search: {exc}", field=("search",)) from exc
