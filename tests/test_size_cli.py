@@ -83,6 +83,30 @@ def test_without_prices_there_is_no_cost_and_the_table_prints(
     assert "A100-80GB TP 1:" in err  # progress, one line per candidate
 
 
+def test_a_real_worker_measures_only_the_tp_sizes_this_host_can_launch(
+    tiny: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--worker vllm on a host without a GPU: TP 1 only, said on stderr, before any launch
+    (the real launch is docs/sizing.md#9-on-real-workers's measured run)."""
+    import autotune.cli.size as cli_size
+    from autotune.workers.gpu_discovery import NoGpuError
+
+    def no_gpu() -> None:
+        raise NoGpuError("no GPU found: nvidia-smi is not on PATH")
+
+    seen: list[int] = []
+
+    def fake_size(*args: Any, devices_per_node: int, **kw: Any) -> None:
+        seen.append(devices_per_node)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli_size, "find_gpus", no_gpu)
+    monkeypatch.setattr(cli_size, "size_deployment", fake_size)
+    code, _, err = size(tiny, capsys, "--target-rate", "3", "--worker", "vllm")
+    assert code == 0 and seen == [1]
+    assert "--worker vllm: TP sizes up to 1 (no GPU found" in err
+
+
 @pytest.mark.parametrize(
     ("extra", "why"),
     [

@@ -144,3 +144,39 @@ def test_price_flags_and_files_name_what_is_wrong(tmp_path: Path) -> None:
         read_prices(f)
     f.write_text("prices:\n  h100-80gb: 2.49\n")
     assert read_prices(f) == {"H100-80GB": 2.49}
+
+
+def test_a_real_worker_tries_no_tp_group_larger_than_the_host() -> None:
+    from autotune.planning.size_run import measured_node
+
+    assert measured_node(8, 4) == 4  # four GPUs here: TP up to 4
+    assert measured_node(2, 8) == 2  # the node size the user gave still caps it
+    assert measured_node(8, None) == 1  # no GPU: vLLM's CPU backend, one device
+
+
+def test_a_capacity_range_the_config_sets_is_kept() -> None:
+    """size widens the capacity search to 0.05x..10x the workload's rate, but an end the
+    config sets stays: a host that cannot drive ten times the rate is told to lower
+    capacity_high, and that must work."""
+    from autotune.planning.candidate_study import candidate_config
+
+    base, _ = config()
+    c = candidate_config(base, "A100-80GB", 1, 3)
+    assert (c.strategy.capacity_low, c.strategy.capacity_high) == (0.05, 10.0)
+    mine, _ = config(strategy={"capacity_high": 3.0})
+    c = candidate_config(mine, "A100-80GB", 1, 3)
+    assert (c.strategy.capacity_low, c.strategy.capacity_high) == (0.05, 3.0)
+
+
+def test_a_real_workers_table_says_which_figures_are_simulated() -> None:
+    from autotune.planning.size_table import SizeReport
+
+    def report(worker: str, kind: str) -> SizeReport:
+        return SizeReport("x", Target(kind, 3.0), {}, worker, [], "gpus")  # type: ignore[arg-type]
+
+    assert report("sim-virtual", "rate").provenance == "simulated"
+    rate = report("vllm", "rate").provenance
+    assert rate.startswith("engine config and per-replica capacity measured on vllm")
+    assert "replica check, its latencies, tok/s and costs simulated" in rate
+    streams = report("vllm", "concurrency").provenance
+    assert streams.startswith("engine config measured") and "capacity measured" not in streams

@@ -18,9 +18,10 @@ from autotune.cli.report import _need_extra, _write
 from autotune.config import load_config
 from autotune.planning.prices import merge_prices, parse_price_flags, read_prices
 from autotune.planning.replicas import Target
-from autotune.planning.size_run import DEVICES_PER_NODE, size_deployment
+from autotune.planning.size_run import DEVICES_PER_NODE, measured_node, size_deployment
 from autotune.planning.size_table import SizeReport, SizeRow, table_cells
 from autotune.store import Store
+from autotune.workers.gpu_discovery import NoGpuError, find_gpus
 
 __all__: list[str] = []
 
@@ -58,6 +59,8 @@ def _print(report: SizeReport) -> None:
         t.add_row(*cells)
     out = _console()
     out.print(t)
+    if report.worker == "vllm":
+        print(report.provenance)
     for r in report.rows:
         if r.check_text and r.check != "holds":
             print(f"{r.hardware} TP {r.tensor_parallel_size}: {r.check_text}")
@@ -72,6 +75,18 @@ def _print(report: SizeReport) -> None:
     else:
         print(f"winner: {w.hardware}, TP {w.tensor_parallel_size}, {w.replicas} replica(s)")
         print(w.command)
+
+
+def _host_node(per_node: int) -> int:
+    """``--worker vllm`` measures on this host: TP sizes up to the devices found here."""
+    try:
+        found = find_gpus()
+        n, where = len(found.devices), found.describe()
+    except NoGpuError as exc:
+        n, where = 0, f"{exc}: vLLM runs on one device"
+    node = measured_node(per_node, n or None)
+    print(f"--worker vllm: TP sizes up to {node} ({where})", file=sys.stderr)
+    return node
 
 
 @app.command("size")
@@ -122,6 +137,8 @@ def _size(
     price_map = merge_prices(
         read_prices(prices) if prices else None, parse_price_flags(price or [])
     )
+    if worker == "vllm":
+        gpus_per_node = _host_node(gpus_per_node)
     render = _need_extra("autotune size --html", "autotune.planning.size_html") if html else None
     with tempfile.TemporaryDirectory(prefix="autotune-size-") as tmp:
         url = storage or f"sqlite:///{Path(tmp) / 'size.db'}"

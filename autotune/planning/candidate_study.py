@@ -79,9 +79,13 @@ def _candidate_text(base: StudyConfig, hardware: str, tp: int, trials: int, work
         strategy["joint_refinement"] = max(0, trials - 1 - 4 * per_stage)
     strategy["validate"] = {**strategy.get("validate", {}), "enabled": False}
     # one replica of a small GPU may serve a twentieth of the workload's rate, and one of a
-    # wide TP group ten times it: both are rows, so the capacity search spans both
-    strategy["capacity_low"] = min(base.strategy.capacity_low, _CAPACITY_LOW)
-    strategy["capacity_high"] = max(base.strategy.capacity_high, _CAPACITY_HIGH)
+    # wide TP group ten times it: both are rows, so the capacity search spans both, unless
+    # the config sets an end (a host that cannot drive ten times the rate against a real
+    # worker is told to lower capacity_high: that advice must be one it can follow)
+    if "capacity_low" not in strategy:
+        strategy["capacity_low"] = min(base.strategy.capacity_low, _CAPACITY_LOW)
+    if "capacity_high" not in strategy:
+        strategy["capacity_high"] = max(base.strategy.capacity_high, _CAPACITY_HIGH)
     return yaml.safe_dump(d, sort_keys=False)
 
 

@@ -77,14 +77,13 @@ def render_size_html(report: SizeReport) -> str:
         full_html=False, include_plotlyjs=False, div_id="pareto", config=PLOT_CONFIG
     )
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    where = "simulated" if report.worker != "vllm" else "measured on vllm, replicas simulated"
     title = html.escape(f"autotune size: {report.config_name} for {report.target.text}")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{title}</title><style>{PAGE_CSS}</style>"
         f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
         f"</head><body><main><h1>{title}</h1>"
-        f'<p class="sub">ranked by {report.ranked_by}; {where}; generated {when}</p>'
+        f'<p class="sub">ranked by {report.ranked_by}; {report.provenance}; generated {when}</p>'
         f'<h2 id="winner">Winner</h2>{winner}'
         f'<h2 id="table">Deployments</h2><div class="wide"><table><thead><tr>{th}</tr></thead>'
         f"<tbody>{body}</tbody></table></div>"

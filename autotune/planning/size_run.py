@@ -26,10 +26,18 @@ from autotune.tuning.measure.scoring import Slo
 from autotune.tuning.search.parallelism import tp_candidates
 from autotune.tuning.search.plan import model_of
 
-__all__ = ["DEVICES_PER_NODE", "replica_setup", "size_deployment", "size_row"]
+__all__ = ["DEVICES_PER_NODE", "measured_node", "replica_setup", "size_deployment", "size_row"]
 
 # a TP group stays on one node; eight GPUs is the common node (HGX, DGX, p5/a3 instances)
 DEVICES_PER_NODE = 8
+
+
+def measured_node(per_node: int, found: int | None) -> int:
+    """The largest TP group ``--worker vllm`` can launch on this host: ``per_node``, but no
+    more than the ``found`` devices (None: no GPU found, where vLLM runs on one device, its
+    CPU backend's). A real candidate larger than the host fails at startup after minutes of
+    loading, so it is not tried (docs/sizing.md#9-on-real-workers)."""
+    return max(1, min(per_node, found if found else 1))
 
 
 def replica_setup(

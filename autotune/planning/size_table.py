@@ -156,6 +156,23 @@ class SizeReport:
         return sum(r.study_gpu_s for r in self.rows)
 
     @property
+    def provenance(self) -> str:
+        """Which figures were measured and which simulated (docs/sizing.md#9-on-real-workers):
+        the replicated check, and with it every figure at the target load, always runs on
+        the simulator of the row's hardware profile."""
+        if self.worker != "vllm":
+            return "simulated"
+        measured = (
+            "engine config and per-replica capacity"
+            if self.target.kind == "rate"
+            else ("engine config")
+        )
+        return (
+            f"{measured} measured on vllm; the replica check, its latencies, tok/s and "
+            "costs simulated on each row's hardware profile"
+        )
+
+    @property
     def winner(self) -> SizeRow | None:
         return self.rows[0] if self.rows and self.rows[0].usable else None
 
