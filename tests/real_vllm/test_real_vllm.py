@@ -357,7 +357,9 @@ async def test_kv_size_and_utilization_applied(vllm_server: RealServer) -> None:
 _STATS_LINE = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs")
 
 
-WAVES, WAVE_TOKENS = 8, 500  # 8 x 4 streams: about 40 s on an idle 2-core host
+# 8 x 4 streams: 8.8 s on an idle 2-core host (0.2 s per scrape); on a loaded one a scrape
+# took 8 s, so a run could end before two scrapes or a stats line landed mid-queue
+WAVES, WAVE_TOKENS = 8, 500
 
 
 async def test_tensor_parallel_size_reaches_vllm(vllm_server: RealServer) -> None:
@@ -372,21 +374,14 @@ async def test_tensor_parallel_size_reaches_vllm(vllm_server: RealServer) -> Non
     assert devices_held({**vllm_server.worker.static_args}) == 1
 
 
-async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
-    """8 waves of long streams against max_num_seqs=4: /metrics shows 4 running and the
-    rest waiting (a binding max_num_seqs is capacity waiting, not preemption). Each wave
-    lasts several seconds, so a 10-s stats line lands mid-queue in any wave but the last.
-
-    A scrape can take seconds while the API server and this process stream on two busy
-    cores (up to 17 s seen here, 3-7 s in docs/vllm-cpu.md#6-scraping-under-load): one may
-    never land mid-flight. The server's own periodic stats line ("Running: N reqs, Waiting: M
-    reqs", every 10 s on 0.32) is the same gauge read inside the engine, so it counts as
-    seeing it too. (Client-side timing cannot tell: the API server stalled its output for ~12 s
-    here and then delivered several waves at once.)
-    """
+async def _waves(
+    vllm_server: RealServer, tag: str, longer: int = 1
+) -> tuple[Any, list[Any], list[str], bool]:
+    """One run of the waves against the server, scraping until running == max_num_seqs with
+    requests waiting is seen: the load's result, the scrape samples (t, scrape s, running,
+    waiting, waiting for capacity), the scrape errors, and whether it was seen."""
     mns = SERVER_ENGINE_ARGS["max_num_seqs"]
-    reqs = text_requests(WAVES * mns, 8, WAVE_TOKENS, "mns")
-    pre0 = sample(await scrape(vllm_server), "vllm:num_preemptions_total")
+    reqs = text_requests(longer * WAVES * mns, 8, WAVE_TOKENS, tag)
     load = asyncio.create_task(
         run_load(
             vllm_server.base_url,
@@ -402,7 +397,7 @@ async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
             ),
         )
     )
-    samples: list[tuple[float, float, float, float, float]] = []  # t, scrape s, run, wait, cap
+    samples: list[tuple[float, float, float, float, float]] = []
     problems: list[str] = []
     t0 = time.monotonic()
     seen = False
@@ -421,31 +416,65 @@ async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
         )
         seen = running == mns and waiting > 0
         await asyncio.sleep(0.05)
-    res = await load
-    TIMINGS[f"{len(reqs)} x {WAVE_TOKENS}-token streams, max_num_seqs {mns}"] = res.duration
-    TIMINGS["slowest /metrics scrape under that load"] = max((s[1] for s in samples), default=0)
-    logged = [
-        (int(m.group(1)), int(m.group(2)))
-        for m in map(_STATS_LINE.search, vllm_server.worker.log_lines())
-        if m
-    ]
-    seen_in_log = any(r == mns and w > 0 for r, w in logged)
+    return await load, samples, problems, seen
+
+
+async def test_max_num_seqs_applied(vllm_server: RealServer) -> None:
+    """8 waves of long streams against max_num_seqs=4: /metrics shows 4 running and the
+    rest waiting (a binding max_num_seqs is capacity waiting, not preemption). Each wave
+    lasts several seconds, so a 10-s stats line lands mid-queue in any wave but the last.
+
+    A scrape can take seconds while the API server and this process stream on two busy
+    cores (up to 17 s seen here, 3-7 s in docs/vllm-cpu.md#6-scraping-under-load): one may
+    never land mid-flight. The server's own periodic stats line ("Running: N reqs, Waiting: M
+    reqs", every 10 s on 0.32) is the same gauge read inside the engine, so it counts as
+    seeing it too. (Client-side timing cannot tell: the API server stalled its output for ~12 s
+    here and then delivered several waves at once.) The 8 waves last about 9 s idle, less than
+    the stats line's period, and one scrape waited 17.4 s for a 17.6-s run to end even on an
+    idle host: two CI runs of this suite saw neither. So when neither is seen the waves run
+    once more, twice as long, so that a stats line lands mid-queue; every other assertion
+    holds for each run.
+    """
+    mns = SERVER_ENGINE_ARGS["max_num_seqs"]
+    pre0 = sample(await scrape(vllm_server), "vllm:num_preemptions_total")
+    runs = []
+    seen = seen_in_log = False
+    logged: list[tuple[int, int]] = []
+    for attempt in range(2):
+        # the second run, if any, is twice as long: more scrapes and stats lines land in it
+        res, samples, problems, seen = await _waves(vllm_server, f"mns{attempt}", attempt + 1)
+        runs.append((res, samples))
+        TIMINGS[f"{len(res.records)} x {WAVE_TOKENS}-token streams, max_num_seqs {mns}"] = (
+            res.duration
+        )
+        TIMINGS["slowest /metrics scrape under that load"] = max((s[1] for s in samples), default=0)
+        logged = [
+            (int(m.group(1)), int(m.group(2)))
+            for m in map(_STATS_LINE.search, vllm_server.worker.log_lines())
+            if m
+        ]
+        seen_in_log = any(r == mns and w > 0 for r, w in logged)
+        if seen or seen_in_log:
+            break
     assert seen or seen_in_log, (
-        f"never saw running == {mns} with waiting > 0; samples (t, scrape s, running, "
-        f"waiting, capacity): {samples}; scrape errors: {problems}; stats lines: {logged}"
+        f"never saw running == {mns} with waiting > 0 in {len(runs)} runs; samples (t, "
+        f"scrape s, running, waiting, capacity): {[r[1] for r in runs]}; scrape errors of the "
+        f"last: {problems}; stats lines: {logged}"
     )
-    assert all(s[2] <= mns for s in samples), samples
     assert all(r <= mns for r, _ in logged), logged
     if seen:
-        assert samples[-1][4] == samples[-1][3]  # all of the waiting is for capacity
-    assert all(r.success and r.output_tokens == WAVE_TOKENS for r in res.records), [
-        r.error for r in res.records if not r.success
-    ]
+        last = runs[-1][1][-1]
+        assert last[4] == last[3]  # all of the waiting is for capacity
+    for res, samples in runs:
+        assert all(s[2] <= mns for s in samples), samples
+        assert all(r.success and r.output_tokens == WAVE_TOKENS for r in res.records), [
+            r.error for r in res.records if not r.success
+        ]
+        # Queueing shows in TTFT: the requests of the last wave waited for the waves before.
+        ttfts = sorted(r.ttft or 0.0 for r in res.records)
+        assert ttfts[-1] > 5 * ttfts[0]
     after = await scrape(vllm_server)
     assert sample(after, "vllm:num_preemptions_total") == pre0  # ample KV: no preemption
-    # Queueing shows in TTFT: the requests of the last wave waited for 7 waves of decode.
-    ttfts = sorted(r.ttft or 0.0 for r in res.records)
-    assert ttfts[-1] > 5 * ttfts[0]
 
 
 async def test_over_length_prompt_rejected_with_400(vllm_server: RealServer) -> None:
