@@ -168,7 +168,7 @@ def test_a_capacity_range_the_config_sets_is_kept() -> None:
     assert (c.strategy.capacity_low, c.strategy.capacity_high) == (0.05, 3.0)
 
 
-def test_a_real_workers_table_says_which_figures_are_simulated() -> None:
+def test_a_real_workers_table_says_which_figures_are_measured() -> None:
     from autotune.planning.size_table import SizeReport
 
     def report(worker: str, kind: str) -> SizeReport:
@@ -176,7 +176,8 @@ def test_a_real_workers_table_says_which_figures_are_simulated() -> None:
 
     assert report("sim-virtual", "rate").provenance == "simulated"
     rate = report("vllm", "rate").provenance
-    assert rate.startswith("engine config and per-replica capacity measured on vllm")
-    assert "replica check, its latencies, tok/s and costs simulated" in rate
+    assert rate.startswith("measured on vllm: engine config, per-replica capacity, and the")
+    assert "replica check with its latencies, tok/s and costs, on one replica" in rate
     streams = report("vllm", "concurrency").provenance
-    assert streams.startswith("engine config measured") and "capacity measured" not in streams
+    assert "streams per replica bisected on the simulator" in streams
+    assert "per-replica capacity" not in streams

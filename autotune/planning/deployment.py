@@ -33,7 +33,9 @@ __all__ = [
     "ReplicaSetup",
     "deployment_runner",
     "max_streams",
+    "per_user",
     "pooled_metrics",
+    "replica_sample",
     "run_replica",
 ]
 
@@ -69,7 +71,8 @@ class ReplicaSetup:
         return replace(self.slo, max_overlength_rate=1.0)
 
 
-def _sample(setup: ReplicaSetup, target_kind: str, share: float, seed: int) -> Workload:
+def replica_sample(setup: ReplicaSetup, target_kind: str, share: float, seed: int) -> Workload:
+    """One replica's own sample at ``share`` of a ``target_kind`` target."""
     w = setup.workload.model_dump()
     w["seed"] = seed
     least = max(int(w["num_prompts"]), setup.min_requests)
@@ -104,7 +107,7 @@ def run_replica(setup: ReplicaSetup, target_kind: str, share: float, seed: int) 
         setup.model,
         setup.hardware,
         setup.args,
-        _sample(setup, target_kind, share, seed),
+        replica_sample(setup, target_kind, share, seed),
         seed=seed,
         jitter_cv=setup.jitter_cv,
         warmup=setup.workload.warmup,
@@ -140,7 +143,8 @@ def _window(records: Sequence[RequestRecord]) -> float:
     return max(r.finished_at for r in records) - min(sent) if sent else 0.0
 
 
-def _per_user(m: LevelMetrics) -> float | None:
+def per_user(m: LevelMetrics) -> float | None:
+    """Output tok/s one user sees: the inverse of the median TPOT."""
     tpot: Any = m.summary.get("median_tpot_ms")
     return 1000.0 / float(tpot) if isinstance(tpot, int | float) and tpot > 0 else None
 
@@ -163,7 +167,7 @@ def deployment_runner(setup: ReplicaSetup, target: Target) -> DeploymentRunner:
             p99_ttft_ms=m.p99_ttft_ms,
             p99_tpot_ms=m.p99_tpot_ms,
             output_tps=m.output_throughput,
-            tps_per_user=_per_user(m),
+            tps_per_user=per_user(m),
             broken=tuple(score.texts),
         )
 

@@ -4,19 +4,23 @@ study, sized for the target and checked as a replicated deployment (docs/sizing.
 Per candidate: :func:`~autotune.planning.candidate_study.run_candidate` finds its best config and
 one replica's SLO capacity; for a concurrency target, :func:`max_streams` measures how many
 closed-loop streams that config keeps within the SLOs instead; the replica count follows,
-and :func:`~autotune.planning.replicas.check_replicas` runs it. The check always runs on the
-simulator (the hardware profile of the row): a real worker's study measures the config, the
-simulator then plays the replicas the user does not have yet.
+and :func:`~autotune.planning.replicas.check_replicas` runs it: on the simulator (the hardware
+profile of the row), which plays the replicas the user does not have yet, or with a real
+worker on one replica of it at each count's share (:mod:`autotune.planning.real_check`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from autotune.config import StudyConfig
+from autotune.errors import AutotuneError
 from autotune.planning.candidate_study import CandidateResult, run_candidate
 from autotune.planning.deployment import ReplicaSetup, deployment_runner, max_streams
 from autotune.planning.prices import Prices
+from autotune.planning.real_check import RealReplica
 from autotune.planning.replicas import Target, check_replicas, replicas_needed_for
 from autotune.planning.size_table import SizeReport, SizeRow, build_row, rank_rows
 from autotune.profiles.models import ModelProfile
@@ -59,9 +63,16 @@ def replica_setup(
 
 
 def size_row(
-    cfg: StudyConfig, model: ModelProfile, c: CandidateResult, target: Target, prices: Prices
+    cfg: StudyConfig,
+    model: ModelProfile,
+    c: CandidateResult,
+    target: Target,
+    prices: Prices,
+    real: Path | None = None,
 ) -> SizeRow:
-    """Candidate ``c`` sized for ``target`` and checked as a replicated deployment."""
+    """Candidate ``c`` sized for ``target`` and checked as a replicated deployment: on the
+    simulator, or with ``real`` (a work folder) on one real replica of its config
+    (docs/sizing.md#9-on-real-workers)."""
     if c.failure is not None or c.engine_args is None or c.capacity_rps is None:
         return build_row(c, None, None, prices)
     args = sim_engine_args(c.engine_args, c.config.worker.static_args)
@@ -75,8 +86,20 @@ def size_row(
         if per_replica == 0:
             return build_row(c, 0.0, None, prices, "one closed-loop stream already misses the SLOs")
     n = replicas_needed_for(target, per_replica)
-    check = check_replicas(n, deployment_runner(setup, target), max_replicas=ceiling)
-    return build_row(c, per_replica, check, prices)
+    if real is None:
+        check = check_replicas(n, deployment_runner(setup, target), max_replicas=ceiling)
+        return build_row(c, per_replica, check, prices)
+    replica = RealReplica(c, model, setup, real)
+    kind = c.config.worker.kind
+    try:
+        with replica:
+            check = check_replicas(n, replica.runner(target), max_replicas=ceiling)
+        row = build_row(c, per_replica, check, prices)
+    except AutotuneError as exc:
+        why = f"the replica check on {kind}: {str(exc).splitlines()[0]}"
+        row = build_row(c, per_replica, None, prices, why)
+    # what the check's worker cost counts with the candidate's study (docs/cost.md)
+    return replace(row, study_gpu_s=row.study_gpu_s + replica.gpu_s, check_on=kind)
 
 
 def size_deployment(
@@ -97,7 +120,9 @@ def size_deployment(
     for hw in hardware:
         for tp in tp_candidates(model, devices_per_node):
             c = run_candidate(cfg, hw, tp, trials, store, worker=worker)
-            row = size_row(cfg, model, c, target, prices)
+            # the check's worker runs where the study's did (worker.workdir/<study>)
+            real = Path(c.config.worker.workdir) / c.study if worker == "vllm" else None
+            row = size_row(cfg, model, c, target, prices, real)
             rows.append(row)
             if progress is not None:
                 progress(row)

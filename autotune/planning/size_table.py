@@ -55,6 +55,9 @@ class SizeRow:
     engine_args: dict[str, Any] | None = None
     command: str | None = None
     failure: str | None = None
+    # where the replicated check ran: "simulator" (the row's hardware profile), or the
+    # worker kind of the one replica it ran on (docs/sizing.md#9-on-real-workers)
+    check_on: str = "simulator"
 
     @property
     def usable(self) -> bool:
@@ -158,18 +161,18 @@ class SizeReport:
     @property
     def provenance(self) -> str:
         """Which figures were measured and which simulated (docs/sizing.md#9-on-real-workers):
-        the replicated check, and with it every figure at the target load, always runs on
-        the simulator of the row's hardware profile."""
+        on the real worker, the replicated check, and with it every figure at the target
+        load, runs on one real replica at its share of the target."""
         if self.worker != "vllm":
             return "simulated"
-        measured = (
-            "engine config and per-replica capacity"
-            if self.target.kind == "rate"
-            else ("engine config")
-        )
+        if self.target.kind == "rate":
+            measured = "engine config, per-replica capacity"
+        else:
+            measured = "engine config (the streams per replica bisected on the simulator)"
         return (
-            f"{measured} measured on vllm; the replica check, its latencies, tok/s and "
-            "costs simulated on each row's hardware profile"
+            f"measured on vllm: {measured}, and the replica check with its latencies, tok/s "
+            "and costs, on one replica at its share of the target (the deployment's tok/s: "
+            "that many times its own)"
         )
 
     @property
