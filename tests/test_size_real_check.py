@@ -13,7 +13,7 @@ import pytest
 from support.studies import config
 
 import autotune.planning.real_check as real_check
-from autotune.planning.candidate_study import run_candidate
+from autotune.planning.candidate_study import CandidateResult, run_candidate
 from autotune.planning.replicas import Target
 from autotune.planning.size_run import size_row
 from autotune.store import Store
@@ -48,13 +48,22 @@ class Spy:
         return self.inner.usage()
 
 
-def test_the_check_runs_one_replica_at_each_counts_share(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(scope="module")
+def candidate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, CandidateResult]:
+    """A short study's best config and capacity on sim-virtual."""
     cfg, _ = config()
-    with Store.open(f"sqlite:///{tmp_path / 's.db'}") as store:
+    db = tmp_path_factory.mktemp("real-check") / "s.db"
+    with Store.open(f"sqlite:///{db}") as store:
         c = run_candidate(cfg, cfg.hardware, 1, 3, store)
     assert c.capacity_rps is not None and c.engine_args is not None
+    return cfg, c
+
+
+def test_the_check_runs_one_replica_at_each_counts_share(
+    candidate: tuple[Any, CandidateResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, c = candidate
+    assert c.capacity_rps is not None
     spies: list[Spy] = []
     make = real_check.make_runner
 
@@ -82,14 +91,12 @@ def test_the_check_runs_one_replica_at_each_counts_share(
 
 
 def test_a_check_that_cannot_start_is_the_rows_reason(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    candidate: tuple[Any, CandidateResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from autotune.errors import WorkerStartupError
     from autotune.failures import FailureClass
 
-    cfg, _ = config()
-    with Store.open(f"sqlite:///{tmp_path / 's.db'}") as store:
-        c = run_candidate(cfg, cfg.hardware, 1, 3, store)
+    cfg, c = candidate
 
     class NoStart(Spy):
         async def start(self, engine_args: dict[str, Any], name: str) -> Any:

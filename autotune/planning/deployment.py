@@ -32,6 +32,7 @@ __all__ = [
     "ReplicaRun",
     "ReplicaSetup",
     "deployment_runner",
+    "judged",
     "max_streams",
     "per_user",
     "pooled_metrics",
@@ -159,19 +160,25 @@ def deployment_runner(setup: ReplicaSetup, target: Target) -> DeploymentRunner:
             run_replica(setup, target.kind, share, setup.seed + 7919 * n + i)
             for i, share in enumerate(shares)
         ]
-        m = pooled_metrics(runs)
-        score = score_level(m, setup.load_slo)
-        return DeploymentRun(
-            replicas=n,
-            meets=score.feasible,
-            p99_ttft_ms=m.p99_ttft_ms,
-            p99_tpot_ms=m.p99_tpot_ms,
-            output_tps=m.output_throughput,
-            tps_per_user=per_user(m),
-            broken=tuple(score.texts),
-        )
+        return judged(n, pooled_metrics(runs), setup)
 
     return run
+
+
+def judged(n: int, m: LevelMetrics, setup: ReplicaSetup, copies: int = 1) -> DeploymentRun:
+    """``n`` replicas whose requests measured ``m``, judged by ``setup``'s SLOs; ``copies``:
+    how many replicas ``m`` stands for (one replica measured for all ``n``: its output tok/s
+    times ``n``)."""
+    score = score_level(m, setup.load_slo)
+    return DeploymentRun(
+        replicas=n,
+        meets=score.feasible,
+        p99_ttft_ms=m.p99_ttft_ms,
+        p99_tpot_ms=m.p99_tpot_ms,
+        output_tps=m.output_throughput * copies,
+        tps_per_user=per_user(m),
+        broken=tuple(score.texts),
+    )
 
 
 def max_streams(setup: ReplicaSetup, ceiling: int) -> int:

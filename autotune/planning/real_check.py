@@ -17,11 +17,10 @@ from pathlib import Path
 from types import TracebackType
 
 from autotune.planning.candidate_study import CandidateResult
-from autotune.planning.deployment import ReplicaSetup, per_user, replica_sample
+from autotune.planning.deployment import ReplicaSetup, judged, replica_sample
 from autotune.planning.replicas import DeploymentRun, DeploymentRunner, Target, split_load
 from autotune.profiles.models import ModelProfile
 from autotune.tuning.measure.runner_factory import make_runner
-from autotune.tuning.measure.scoring import score_level
 
 __all__ = ["RealReplica"]
 
@@ -74,16 +73,6 @@ class RealReplica:
             share = max(split_load(target, n))
             wl = replica_sample(setup, target.kind, share, setup.seed + 7919 * n)
             out = self._loop.run_until_complete(self._runner.run_level(wl, 1.0))
-            m = out.metrics
-            score = score_level(m, setup.load_slo)
-            return DeploymentRun(
-                replicas=n,
-                meets=score.feasible,
-                p99_ttft_ms=m.p99_ttft_ms,
-                p99_tpot_ms=m.p99_tpot_ms,
-                output_tps=m.output_throughput * n,
-                tps_per_user=per_user(m),
-                broken=tuple(score.texts),
-            )
+            return judged(n, out.metrics, setup, copies=n)
 
         return run
