@@ -134,6 +134,13 @@ def _size(
         raise typer.BadParameter("sim-virtual or vllm", param_hint="'--worker'")
     cfg = load_config(config)
     kinds = [h.strip() for h in (hardware or cfg.hardware).split(",") if h.strip()]
+    if worker == "vllm" and len(kinds) > 1:
+        # every row would be measured on this host's own GPUs, whatever its label
+        # (docs/sizing.md#9-on-real-workers)
+        raise typer.BadParameter(
+            f"--worker vllm measures this host's GPUs: give one GPU type, not {', '.join(kinds)}",
+            param_hint="'--hardware'",
+        )
     price_map = merge_prices(
         read_prices(prices) if prices else None, parse_price_flags(price or [])
     )
