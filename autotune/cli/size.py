@@ -68,7 +68,8 @@ def _print(report: SizeReport) -> None:
         print(f"no price for {', '.join(report.unpriced)}: ranked by GPUs")
     gpu_s = report.study_gpu_s
     how = "simulated: what the same studies would take on" if report.worker != "vllm" else "on"
-    print(f"studies: {gpu_s / 3600:,.2f} GPU-hours ({how} the GPUs; docs/cost.md)")
+    what = "studies" if report.worker != "vllm" else "studies and replica checks"
+    print(f"{what}: {gpu_s / 3600:,.2f} GPU-hours ({how} the GPUs; docs/cost.md)")
     w = report.winner
     if w is None:
         print("no row meets the SLOs at the target")

@@ -155,7 +155,7 @@ class SizeReport:
 
     @property
     def study_gpu_s(self) -> float:
-        """Device-seconds of every candidate's study."""
+        """Device-seconds of every candidate's study and real replica check."""
         return sum(r.study_gpu_s for r in self.rows)
 
     @property
