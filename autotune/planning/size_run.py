@@ -27,6 +27,7 @@ from autotune.profiles.models import ModelProfile
 from autotune.sim import EngineArgs, hardware_of, sim_engine_args
 from autotune.store import Store
 from autotune.tuning.measure.scoring import Slo
+from autotune.tuning.run.controller import study_workdir
 from autotune.tuning.search.parallelism import tp_candidates
 from autotune.tuning.search.plan import model_of
 
@@ -120,8 +121,8 @@ def size_deployment(
     for hw in hardware:
         for tp in tp_candidates(model, devices_per_node):
             c = run_candidate(cfg, hw, tp, trials, store, worker=worker)
-            # the check's worker runs where the study's did (worker.workdir/<study>)
-            real = Path(c.config.worker.workdir) / c.study if worker == "vllm" else None
+            # the check's worker runs where the study's did
+            real = study_workdir(c.config, c.study) if worker == "vllm" else None
             row = size_row(cfg, model, c, target, prices, real)
             rows.append(row)
             if progress is not None:

@@ -17,6 +17,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from autotune.config import StudyConfig
 from autotune.errors import ConfigError, NotFoundError
 from autotune.sim import hardware_of
 from autotune.store import Store
@@ -31,9 +32,14 @@ from autotune.tuning.run.stopping import Interrupted, stop_on_signals
 from autotune.tuning.search.plan import model_of
 from autotune.workload.build import study_workload
 
-__all__ = ["fail_running", "run_study", "sampler_seed"]
+__all__ = ["fail_running", "run_study", "sampler_seed", "study_workdir"]
 
 log = logging.getLogger(__name__)
+
+
+def study_workdir(cfg: StudyConfig, name: str) -> Path:
+    """Where study ``name``'s workers run by default: ``worker.workdir/<name>``."""
+    return Path(cfg.worker.workdir) / name
 
 
 def sampler_seed(seed: int, n_trials: int) -> int:
@@ -151,7 +157,7 @@ def run_study(
         wl,
         model,
         hw,
-        workdir=workdir or Path(cfg.worker.workdir) / name,
+        workdir=workdir or study_workdir(cfg, name),
         session=session,
         on_event=on_event,
         plan=plan,
