@@ -36,6 +36,7 @@ __all__ = [
     "engine_value",
     "enqueue_attrs",
     "enqueued_engine_args",
+    "failure_class_of",
     "fixed_params",
     "label_of",
     "requeued",
@@ -155,6 +156,11 @@ def stage_of(t: _Trial) -> str | None:
 def label_of(t: _Trial) -> str | None:
     """The enqueue label (``baseline``, ``enqueue-0``, a nightly projection), None if sampled."""
     return _text(t, LABEL_KEY)
+
+
+def failure_class_of(t: _Trial) -> str | None:
+    """The failure class a trial's worker ended with (None: it ran, or not yet written)."""
+    return _text(t, FAILURE_CLASS_KEY)
 
 
 def devices_of(t: FrozenTrial) -> str | None:

@@ -35,6 +35,7 @@ from autotune.store.resilience import secondary_failure
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.recovery import Recovery, claim_key
 from autotune.tuning.search.edges import widen_at_claim
+from autotune.tuning.search.home_size import RECHECK
 from autotune.tuning.search.rounding import tidy_steps
 from autotune.tuning.search.space import SpaceBounds, enqueue_params, suggest
 from autotune.tuning.search.stages import stage_param
@@ -78,17 +79,19 @@ class Done:
 
 def stage_order(stage: str | None, b: SpaceBounds) -> int:
     """Where a stage comes in the plan: the baseline and enqueued configs first, then one
-    stage per parameter in the fixed order, the joint refinement, the coordinate passes in
-    their order, then the rest (random, grid)."""
+    stage per parameter in the fixed order, the parallelism's re-check, the joint
+    refinement, the coordinate passes in their order, then the rest (random, grid)."""
     names = stage_params(b)
     if stage is None or stage == "baseline" or stage == _ENQUEUED or stage.startswith("enqueue-"):
         return 0
+    if stage == RECHECK:
+        return 1 + len(names)  # the parallelism's re-check decides where the joint runs
     if stage == "joint":
-        return 1 + len(names)
+        return 2 + len(names)
     param, k = stage_param(stage)
     if param in names:
-        return 1 + names.index(param) if k == 1 else 2 + len(names) * (k - 1) + names.index(param)
-    return 2 + len(names) * 1000
+        return 1 + names.index(param) if k == 1 else 3 + len(names) * (k - 1) + names.index(param)
+    return 3 + len(names) * 1000
 
 
 def _as_complete(t: FrozenTrial) -> FrozenTrial:

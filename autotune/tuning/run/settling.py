@@ -22,7 +22,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.tuning.measure.level_plan import SettleBar
-from autotune.tuning.search.strategy import best_trial, feasible_ranked
+from autotune.tuning.search.home_size import home_trial
+from autotune.tuning.search.ranking import feasible_ranked
 
 __all__ = ["SETTLED_STATUSES", "TPE_STAGES", "settle_bar", "tpe_good_group"]
 
@@ -52,7 +53,7 @@ def settle_bar(
     """The bar the next trial of ``stage`` is settled at, or None to measure it in full."""
     if cfg.mode != "slo-capacity" or not cfg.strategy.settle or _full(stage):
         return None
-    best = best_trial(trials)
+    best = home_trial(trials)
     if best is None or any(v > 0 for v in best.constraints.values()):
         return None  # nothing feasible yet: nothing to settle against
     if stage in TPE_STAGES:

@@ -28,9 +28,9 @@ from optuna.trial import FrozenTrial
 
 from autotune.config import SearchConfig
 from autotune.tuning.attrs import engine_value
+from autotune.tuning.search.home_size import home_trial
 from autotune.tuning.search.space import MNBT_PARAM, SpaceBounds
 from autotune.tuning.search.stages import CONCURRENCY, stage_param
-from autotune.tuning.search.strategy import best_trial
 from autotune.tuning.study_attrs import read_widenings, write_widenings
 
 __all__ = [
@@ -162,7 +162,7 @@ def widen_at_claim(
     param, k = stage_param(stage)
     if param not in CONCURRENCY or k < 2:
         return b, []  # pass 1 and the joint refinement search the ranges set at create
-    best = best_trial(trials)
+    best = home_trial(trials)
     if best is None or best.value is None or any(v > 0 for v in best.constraints.values()):
         return b, []  # no feasible best: nothing sits on an edge yet
     new = widenings(b, _engine_values(best), trial=best.number, done=done, search=search)

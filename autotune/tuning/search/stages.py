@@ -14,6 +14,10 @@ cannot use its trials gives them to the stages the baseline's diagnosis points a
   preemption. More memory only buys KV blocks, and a cache that never filled has blocks to
   spare; the trials go where the bottleneck is. When memory is the bottleneck the stage tries
   the top of the range first and closes after it when it is best (:func:`_top_best`);
+- in a study that searches the parallelism, every other size is measured again at the tuned
+  point before the joint refinement (``tensor_parallel_size.2``); a size that ties there
+  becomes the one the later stages tune, and the joint refinement's trials then go to the
+  coordinate passes (:mod:`autotune.tuning.search.home_size`);
 - after the joint refinement, ``max_model_len`` is tried again at the tuned concurrency
   (``max_model_len.2``: each other candidate once);
 - then coordinate passes revisit the two concurrency knobs, which interact, until the trial
@@ -42,13 +46,14 @@ from autotune.tuning.attrs import (
     label_of,
     stage_of,
 )
+from autotune.tuning.search.home_size import RECHECK, moved, unfit_sizes
+from autotune.tuning.search.ranking import TIE
 from autotune.tuning.search.space import MNBT_PARAM, TP_PARAM, SpaceBounds
 
 __all__ = [
     "CONCURRENCY",
     "FLAT",
     "KV_NOT_BOTTLENECK",
-    "TOP_TIE",
     "MemoryEvidence",
     "Stage",
     "at_top",
@@ -73,9 +78,6 @@ KV_NOT_BOTTLENECK = 0.80
 # A memory stage whose first trials all score within 0.2 % of one another (and of the point it
 # started from) has shown that memory changes nothing here: it closes early.
 FLAT = 0.002
-# The memory stage's top trial counts as best when it scores within this share of the best
-# trial so far: one capacity-lattice step (1 %) is the finest difference the protocol resolves.
-TOP_TIE = 0.01
 # what the coordinate passes revisit, and all the staged joint refinement moves
 CONCURRENCY = ("max_num_seqs", MNBT_PARAM)
 
@@ -214,7 +216,7 @@ def at_top(value: float, top: float) -> bool:
 def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | None:
     """How many trials the memory stage ran before its trial at the top of the range
     (``top``) proved best (None: not yet). More memory only adds KV blocks, so capacity does
-    not fall as ``gpu_memory_utilization`` rises: once the top scores within :data:`TOP_TIE`
+    not fall as ``gpu_memory_utilization`` rises: once the top scores within :data:`TIE`
     of every trial so far, lower values cannot beat it and the stage's other trials go to the
     concurrency passes. The top can still lose (a launch that runs out of memory on a real
     GPU, noise): then the stage goes on with its line search."""
@@ -239,7 +241,7 @@ def _top_best(trials: Sequence[FrozenTrial], stage: str, top: float) -> int | No
         for t in trials
         if t.value is not None and t not in tops and (t.number < first or stage_of(t) == stage)
     ]
-    if others and best < max(others) * (1.0 - TOP_TIE):
+    if others and best < max(others) * (1.0 - TIE):
         return None
     return len(mine)
 
@@ -325,23 +327,24 @@ def stage_plan(
         # binds its capacity, and a smaller budget shortens every step a decode waits on
         # (the seed guide's FAQ: a large budget lengthens each step and worsens decode latency)
         pair = (MNBT_PARAM, "max_num_seqs")
-    if st.joint_refinement:
-        # a short multivariate TPE phase first: it can follow the ridge along which the two
-        # knobs trade off, which coordinate moves cross only slowly; the passes then polish
-        out.append(Stage("joint", st.joint_refinement, "joint refinement (multivariate TPE)"))
+    joint = st.joint_refinement
     if len(b.parallel) > 1:
         # pass 1 chose the size at the baseline's concurrency; a size's best knobs differ
         # (the 8B-on-2xH100 scenario: TP 2 won at the defaults, TP 1 once tuned), so the
-        # other sizes are measured again at the tuned point, after the joint refinement
-        # (before it, the 70B scenario lost a seed to 88.7 %: the refinement had a trial less)
-        # (docs/tuning.md#16-the-parallelism-stage)
-        out.append(
-            Stage(
-                f"{TP_PARAM}.2",
-                len(b.parallel) - 1,
-                "re-checked at the tuned concurrency (pass 1 ran at the baseline's)",
-            )
-        )
+        # other sizes are measured again at the tuned point, before the joint refinement,
+        # and a size that ties there becomes the one the later stages tune; one that could
+        # not start for memory is skipped (docs/tuning.md#16-the-parallelism-stage)
+        unfit = unfit_sizes(trials)
+        why = "re-checked at the tuned concurrency (pass 1 ran at the baseline's)"
+        if unfit:
+            why += f"; size(s) {', '.join(map(str, sorted(unfit)))} found no memory"
+        out.append(Stage(RECHECK, len(b.parallel) - 1 - len(unfit), why))
+        if joint and moved(trials):
+            joint = 0  # its trials go to the coordinate passes (autotune.tuning.search.home_size)
+    if joint:
+        # a short multivariate TPE phase first: it can follow the ridge along which the two
+        # knobs trade off, which coordinate moves cross only slowly; the passes then polish
+        out.append(Stage("joint", joint, "joint refinement (multivariate TPE)"))
     alternatives = len(b.max_model_len_candidates) - 1
     if alternatives > 0:
         # pass 1 judged max_model_len at the baseline's concurrency, where the queue, not

@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StrategyConfig
 from autotune.tuning.attrs import engine_value, stage_of
+from autotune.tuning.search.home_size import RECHECK, home_trial, unfit_sizes
 from autotune.tuning.search.linesearch import next_on_line
 from autotune.tuning.search.space import MNBT_PARAM, TP_PARAM, SpaceBounds, mnbt_range
 from autotune.tuning.search.stages import (
@@ -41,8 +42,6 @@ from autotune.tuning.search.stages import (
 __all__ = [
     "MEASURED",
     "SETTLED_SCORE",
-    "best_trial",
-    "feasible_ranked",
     "fixed_point",
     "grid_points",
     "next_stage",
@@ -152,32 +151,6 @@ def planned_total(
     return min(st.n_trials, enqueued + stages)
 
 
-def feasible_ranked(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """The complete feasible trials, best first: the higher objective, then the earlier."""
-    return sorted(
-        (
-            t
-            for t in trials
-            if t.state == TrialState.COMPLETE
-            and t.value is not None
-            and all(v <= 0 for v in t.constraints.values())
-        ),
-        key=lambda t: (t.value or 0.0, -t.number),
-        reverse=True,
-    )
-
-
-def best_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
-    """Highest objective among feasible trials; with none feasible, the least violating."""
-    feasible = feasible_ranked(trials)
-    if feasible:
-        return feasible[0]
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    if not done:
-        return None
-    return min(done, key=lambda t: (sum(max(v, 0.0) for v in t.constraints.values()), t.number))
-
-
 def _clip(b: SpaceBounds, name: str, value: Any) -> Any:
     if name == "max_model_len":
         return min(b.max_model_len_candidates, key=lambda c: (abs(c - int(value)), c))
@@ -191,11 +164,12 @@ def _clip(b: SpaceBounds, name: str, value: Any) -> Any:
 
 
 def fixed_point(trials: Sequence[FrozenTrial], b: SpaceBounds, free: str) -> dict[str, Any]:
-    """Every parameter except ``free``, at the best point's ENGINE values (a suggestion of
+    """Every parameter except ``free``, at the best point's ENGINE values (the home size's
+    best, :func:`~autotune.tuning.search.home_size.home_trial`; a suggestion of
     ``max_num_batched_tokens`` below its valid minimum ran at the minimum: that is the value
     to hold), clipped into the ranges (the baseline may lie outside them: the stages start
     from the best in-range point)."""
-    best = best_trial(trials)
+    best = home_trial(trials)
     if best is None:
         return {}
     names = stage_params(b)
@@ -235,6 +209,9 @@ def sampler_for(
     free, k = stage_param(stage)
     fixed = fixed_point(trials, b, free)
     choices = choices_of(b, free)
+    if choices is not None and stage == RECHECK:
+        # sizes that found no memory at the tuned utilization are not re-checked
+        choices = tuple(c for c in choices if c not in unfit_sizes(trials))
     if choices is not None:
         # A categorical stage tries each choice once, in order,
         # instead of letting TPE draw the same few values again.
@@ -247,7 +224,7 @@ def sampler_for(
             # already (the best's own value, or a choice this pass tried) is not run again
             tried |= {c for c in choices if _measured_at(trials, b, {**fixed, free: c})}
         untried = [c for c in choices if c not in tried]
-        best = best_trial(trials)
+        best = home_trial(trials)
         if not untried and k >= 2 and best is not None:
             # every choice measured at this point already (a parallel controller's, or a
             # restarted pass): measure another than the best's rather than let TPE pick
@@ -320,7 +297,7 @@ def _line_value(
         log, step = True, 1.0
     else:
         return None
-    best = best_trial(trials)
+    best = home_trial(trials)
     if k >= 2 and best is not None:
         x = float(_clip(b, free, _engine(best, free)))
         lo, hi = max(lo, x / POLISH), min(hi, x * POLISH)
