@@ -20,6 +20,7 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.store import Store
 from autotune.tuning.measure.per_device import SERVER_DEVICES_KEY, PerDevice
+from autotune.tuning.measure.runner_factory import make_runner
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
@@ -158,3 +159,17 @@ def test_a_study_stored_before_the_stage_reads_back_without_it() -> None:
     b = bounds_from_json(json.dumps({"max_model_len_candidates": [1024], "extras": []}))
     assert b.parallel == () and stage_params(b)[0] == "max_model_len"
     assert "parallel" in asdict(b)
+
+
+def test_validation_runners_skip_the_length_guard_at_any_size(tmp_path: Path) -> None:
+    """The guard is chosen where the runner is built, so the per-device wrapper of a
+    parallelism study needs no reaching into: a study's runners check prepared lengths,
+    validation's do not (their fresh samples' text lengths are approximate)."""
+    for search in ({}, {"parallelism": 2}):
+        cfg, _ = config(worker={"kind": "sim"}, search=search)
+        model, hw = model_of(cfg), get_hardware(cfg.hardware)  # type: ignore[attr-defined]
+        study = make_runner(cfg, model, hw, tmp_path)  # type: ignore[arg-type]
+        fresh = make_runner(cfg, model, hw, tmp_path, check_lengths=False)  # type: ignore[arg-type]
+        assert isinstance(study, PerDevice) == bool(search)
+        assert callable(study.check_prepared)  # type: ignore[attr-defined]
+        assert fresh.check_prepared is None  # type: ignore[attr-defined]

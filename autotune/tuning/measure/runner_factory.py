@@ -70,12 +70,16 @@ def make_runner(
     workdir: Path,
     registry: GroupRegistry | None = None,
     gpus: str | None = None,
+    check_lengths: bool = True,
 ) -> Runner:
     """The runner of ``cfg``'s worker kind; ``registry`` is told about every worker process
     group (docs/faults.md#3-no-orphaned-workers). ``gpus`` (a lane's devices,
     docs/parallel.md#2-lanes) overrides ``worker.gpus``. A study that searches the
-    parallelism measures per device (docs/tuning.md#16-the-parallelism-stage)."""
-    runner = _worker_runner(cfg, model, hardware, workdir, registry, gpus)
+    parallelism measures per device (docs/tuning.md#16-the-parallelism-stage).
+    ``check_lengths``: an HTTP runner checks each prepared sample's lengths against the
+    study's ``max_model_len`` sizing (:func:`length_guard`); validation's fresh samples turn
+    it off, their text lengths being the approximate ones the sizing did not see."""
+    runner = _worker_runner(cfg, model, hardware, workdir, registry, gpus, check_lengths)
     if cfg.search.parallelism is not None:
         return PerDevice(runner, cfg.worker.static_args)
     return runner
@@ -88,6 +92,7 @@ def _worker_runner(
     workdir: Path,
     registry: GroupRegistry | None,
     gpus: str | None,
+    check_lengths: bool,
 ) -> Runner:
     w = cfg.worker
     devices = gpus if gpus is not None else w.gpus
@@ -139,7 +144,7 @@ def _worker_runner(
             startup_model=functools.partial(sim_startup_s, model),
             **tel,
         )
-        runner.check_prepared = length_guard(cfg, model)
+        runner.check_prepared = length_guard(cfg, model) if check_lengths else None
         return runner
     worker = VllmWorker(
         executable=w.vllm_executable,
@@ -166,5 +171,5 @@ def _worker_runner(
         model_dir=model_folder(cfg.model),
         **tel,
     )
-    runner.check_prepared = length_guard(cfg, model)
+    runner.check_prepared = length_guard(cfg, model) if check_lengths else None
     return runner

@@ -31,10 +31,8 @@ from autotune.tuning.measure.candidates import (
     told_apart,
 )
 from autotune.tuning.measure.early_look import look_after, look_confidence, settled_early
-from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.noise import NoiseRecord
-from autotune.tuning.measure.per_device import PerDevice
 from autotune.tuning.measure.runner_protocol import Keepable, Runner
 from autotune.tuning.measure.scoring import Slo, record_rank
 from autotune.tuning.measure.validation_plan import plan_runs, repeat_seeds, run_order
@@ -136,7 +134,9 @@ async def run_validation(
 ) -> ValidationOutcome:
     """Plan the phase (once per study), run its pending runs in order until done or
     ``deadline`` (``time.monotonic()``), and ``publish`` the summary once complete; its
-    verdict weighs the gains against the server's ``noise`` when it was measured."""
+    verdict weighs the gains against the server's ``noise`` when it was measured.
+    ``make_runner(seed)``: a runner for the runs of one noise seed, built without the
+    length guard (``check_lengths=False``: a fresh sample's text lengths are approximate)."""
     if not cfg.strategy.validate_.enabled:
         return ValidationOutcome(0, None, None)
     emit = on_event or (lambda _e: None)
@@ -183,11 +183,6 @@ async def run_validation(
             held = None
             if runner is None:
                 runner = make_runner(rec.jitter_seed)
-                http = runner.inner if isinstance(runner, PerDevice) else runner
-                if isinstance(http, HttpRunner):
-                    # the length guard protects the study's max_model_len sizing, which a
-                    # fresh sample does not redo (its text lengths are the approximate ones)
-                    http.check_prepared = None
             after = pending[i + 1] if i + 1 < len(pending) else None
             try:
                 res, keep = await measure_block_run(

@@ -73,8 +73,17 @@ class RunContext:
     n_trials: int | None
     timeout: float | None
 
-    def runner(self, gpus: str | None, cfg: StudyConfig | None = None) -> Runner:
-        """A runner of the run's worker kind on ``gpus`` (for ``cfg``, default the run's)."""
+    def runner(
+        self, gpus: str | None, cfg: StudyConfig | None = None, check_lengths: bool = True
+    ) -> Runner:
+        """A runner of the run's worker kind on ``gpus`` (for ``cfg``, default the run's);
+        ``check_lengths`` as :func:`~autotune.tuning.measure.runner_factory.make_runner`."""
         return make_runner(
-            cfg or self.cfg, self.model, self.hw, self.workdir, registry=self.session, gpus=gpus
+            cfg or self.cfg,
+            self.model,
+            self.hw,
+            self.workdir,
+            registry=self.session,
+            gpus=gpus,
+            check_lengths=check_lengths,
         )

@@ -239,6 +239,9 @@ async def _validate(ctx: RunContext, t0: float, gpus: str | None) -> ValidationO
         make_runner=lambda seed: ctx.runner(
             gpus if cfg.worker.kind != "sim-virtual" else None,
             cfg.model_copy(update={"seed": seed}),
+            # the guard protects the study's max_model_len sizing, which a fresh sample
+            # does not redo (its text lengths are the approximate ones)
+            check_lengths=False,
         ),
         vocab_size=ctx.model.vocab_size,
         deadline=None if timeout is None else t0 + timeout,
