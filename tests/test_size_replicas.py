@@ -151,7 +151,7 @@ def test_a_real_worker_tries_no_tp_group_larger_than_the_host() -> None:
 
     assert measured_node(8, 4) == 4  # four GPUs here: TP up to 4
     assert measured_node(2, 8) == 2  # the node size the user gave still caps it
-    assert measured_node(8, None) == 1  # no GPU: vLLM's CPU backend, one device
+    assert measured_node(8, 0) == 1  # no GPU: vLLM's CPU backend, one device
 
 
 def test_a_capacity_range_the_config_sets_is_kept() -> None:

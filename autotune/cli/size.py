@@ -85,7 +85,7 @@ def _host_node(per_node: int) -> int:
         n, where = len(found.devices), found.describe()
     except NoGpuError as exc:
         n, where = 0, f"{exc}: vLLM runs on one device"
-    node = measured_node(per_node, n or None)
+    node = measured_node(per_node, n)
     print(f"--worker vllm: TP sizes up to {node} ({where})", file=sys.stderr)
     return node
 

@@ -37,12 +37,12 @@ __all__ = ["DEVICES_PER_NODE", "measured_node", "replica_setup", "size_deploymen
 DEVICES_PER_NODE = 8
 
 
-def measured_node(per_node: int, found: int | None) -> int:
+def measured_node(per_node: int, found: int) -> int:
     """The largest TP group ``--worker vllm`` can launch on this host: ``per_node``, but no
-    more than the ``found`` devices (None: no GPU found, where vLLM runs on one device, its
-    CPU backend's). A real candidate larger than the host fails at startup after minutes of
+    more than the ``found`` devices (0: no GPU found, where vLLM runs on one device, its CPU
+    backend's). A real candidate larger than the host fails at startup after minutes of
     loading, so it is not tried (docs/sizing.md#9-on-real-workers)."""
-    return max(1, min(per_node, found if found else 1))
+    return max(1, min(per_node, found or 1))
 
 
 def replica_setup(
