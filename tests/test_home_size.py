@@ -13,7 +13,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import StrategyConfig
-from autotune.tuning.run.claims import stage_order
+from autotune.tuning.run.claims import Wait, decide, stage_order
 from autotune.tuning.search.home_size import RECHECK, home_trial, moved, unfit_sizes
 from autotune.tuning.search.ranking import TIE
 from autotune.tuning.search.space import SpaceBounds
@@ -156,3 +156,21 @@ def test_a_size_that_found_no_memory_at_the_tuned_utilization_is_not_rechecked()
     assert unfit_sizes([*trials, ran]) == set()
     # a failure that is not about memory says nothing about the size
     assert unfit_sizes([trial(0, "baseline", 1, 0.0, failure="ENGINE_DEAD"), two, four]) == set()
+
+
+def test_no_later_stage_is_claimed_while_the_recheck_runs() -> None:
+    """The re-check decides whether the joint refinement runs and where the later stages
+    start: another controller (or lane) waits for it rather than claim past it."""
+    st = StrategyConfig(trials_per_stage=1, joint_refinement=3, n_trials=20)
+    done = pass_one()
+    # the baseline showed memory is not the bottleneck: pass 1 is complete
+    done[0].user_attrs.update(kv_usage_peak=0.3, preemptions=0.0, levels=3)
+    assert decide(done, st, B) == RECHECK
+    running = trial(4, RECHECK, 1, None, state=TrialState.RUNNING)
+    got = decide([*done, running], st, B)
+    assert isinstance(got, Wait) and RECHECK in got.reason and got.running == 1
+    # once it is done, the next stage is claimed: the joint refinement, or after a move the
+    # coordinate passes
+    assert decide([*done, trial(4, RECHECK, 1, 80.0)], st, B) == "joint"
+    after_move = decide([*done, trial(4, RECHECK, 1, 105.0)], st, B)
+    assert isinstance(after_move, str) and after_move.endswith(".2") and after_move != RECHECK
