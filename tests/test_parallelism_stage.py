@@ -24,8 +24,12 @@ from autotune.tuning.measure.runner_factory import make_runner
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
+from autotune.tuning.run.gpu_budget import estimate
 from autotune.tuning.run.lanes import plan_lanes
+from autotune.tuning.run.status import study_plan
+from autotune.tuning.search.home_size import home_trial
 from autotune.tuning.search.plan import build_bounds, model_of
+from autotune.tuning.search.space import TP_PARAM
 from autotune.tuning.search.stages import stage_params
 from autotune.tuning.study_attrs import bounds_from_json, read_header
 from autotune.workload.build import build_workload
@@ -173,3 +177,26 @@ def test_validation_runners_skip_the_length_guard_at_any_size(tmp_path: Path) ->
         assert isinstance(study, PerDevice) == bool(search)
         assert callable(study.check_prepared)  # type: ignore[attr-defined]
         assert fresh.check_prepared is None  # type: ignore[attr-defined]
+
+
+def test_a_parallel_studys_plan_is_priced_at_a_size(tmp_path: Path) -> None:
+    """Before any trial, at the largest size; once one has held the SLOs, at the size the
+    later stages tune (docs/cost.md#3-the-plan-and-the-budget)."""
+    cfg, text = par_config(n_trials=8)
+    model = model_of(cfg)  # type: ignore[arg-type]
+    wl = build_workload(cfg.workload, vocab_size=model.vocab_size)  # type: ignore[attr-defined]
+    one = estimate(cfg, model, wl, 8, tp_size=1)  # type: ignore[arg-type]
+    two = estimate(cfg, model, wl, 8)  # type: ignore[arg-type]
+    assert two.tp_size == 2 and "at TP 2" in two.text and "at TP 1" in one.text
+    # a trial of k devices holds k devices for a one-device level's span
+    assert two.trial_gpu_s == pytest.approx(2 * one.trial_gpu_s)
+    assert two.gpu_hours == pytest.approx(2 * one.gpu_hours)
+    with Store.open(f"sqlite:///{tmp_path / 'e.db'}") as store:
+        create_study(cfg, text, store)  # type: ignore[arg-type]
+        assert any("at TP 2" in line for line in study_plan(store, "t"))
+        run_study("t", store)
+        study = optuna.load_study(study_name="t", storage=store.optuna_storage())
+        home = home_trial(study.get_trials(deepcopy=False))
+        assert home is not None
+        size = home.user_attrs.get("engine.tensor_parallel_size", home.params.get(TP_PARAM))
+        assert any(f"at TP {size}" in line for line in study_plan(store, "t"))

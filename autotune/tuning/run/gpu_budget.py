@@ -29,6 +29,7 @@ from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.noise import NOISE_RUNS
 from autotune.tuning.measure.usage import sim_startup_s
 from autotune.tuning.measure.validation_plan import worker_starts
+from autotune.tuning.search.parallelism import tp_candidates
 from autotune.workers.devices import devices_held
 from autotune.workload.core import Workload
 from autotune.workload.sustain import copies_needed
@@ -61,6 +62,8 @@ class CostEstimate:
     full_gpu_s: float | None = None
     # a validation run's price (None: a full search's)
     validation_run_gpu_s: float | None = None
+    # a study that searches the parallelism: the size its trials are priced at
+    tp_size: int | None = None
 
     @property
     def full(self) -> float:
@@ -91,9 +94,10 @@ class CostEstimate:
         validation = (
             f", validation {self.validation_gpu_s / 3600:.2f}" if self.validation_gpu_s else ""
         )
+        size = "" if self.tp_size is None else f" at TP {self.tp_size}"
         return (
             f"{about} {self.gpu_hours:.2f} GPU-hours ({self.trials} trials of {about} "
-            f"{self.trial_gpu_s / 60:.0f} GPU-minutes{validation})"
+            f"{self.trial_gpu_s / 60:.0f} GPU-minutes{size}{validation})"
         )
 
 
@@ -138,13 +142,23 @@ def search_scales(plan: LevelPlan, position: float = 0.5) -> list[float]:
     return scales
 
 
-def estimate(cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int) -> CostEstimate:
+def estimate(
+    cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int, tp_size: int | None = None
+) -> CostEstimate:
     """The device time of ``trials`` trials of ``cfg`` on the workload sample ``wl`` and of
-    its validation phase."""
+    its validation phase. A study that searches the parallelism prices its trials at
+    ``tp_size`` devices (default: the largest size): the stages after the parallelism stage
+    run inside the size it chose, unknown before it has run
+    (docs/cost.md#3-the-plan-and-the-budget)."""
     plan = LevelPlan.of(cfg)
     st = cfg.strategy
     args = dict(cfg.worker.static_args)
     devices = devices_held(args, cfg.worker.gpus)
+    if cfg.search.parallelism is not None:
+        tp_size = tp_size or max(tp_candidates(model, cfg.search.parallelism))
+        devices = max(devices, tp_size)
+    else:
+        tp_size = None
     startup = sim_startup_s(model, args)
     positions = CAPACITY_POSITIONS if plan.capacity else (0.5,)
     searches = [
@@ -181,7 +195,7 @@ def estimate(cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int) -
     # the baseline's boundary level twice more, once per study (the server's noise)
     boundary = level_seconds(wl, 1.0, st.min_level_s, st.min_level_requests)[0]
     noise = devices * (NOISE_RUNS - 1) * boundary
-    return CostEstimate(trials, trial, noise, runs, lower, full, run)
+    return CostEstimate(trials, trial, noise, runs, lower, full, run, tp_size)
 
 
 def over_budget(
