@@ -144,8 +144,8 @@ def test_a_size_that_found_no_memory_at_the_tuned_utilization_is_not_rechecked()
     four = trial(2, "tensor_parallel_size", 4, 100.0)
     trials = [base, two, four]
     assert unfit_sizes(trials) == {1}
-    budget = {s.name: s.budget for s in stage_plan(trials, ST, b)}
-    assert budget[RECHECK] == 1  # TP 2 only
+    recheck = next(s for s in stage_plan(trials, ST, b) if s.name == RECHECK)
+    assert recheck.budget == 1 and "skipped TP 1" in recheck.why  # TP 2 only, and why
     # the re-check measures TP 2, never TP 1
     assert fixed_by(RECHECK, trials, b)["tensor_parallel_size"] == 2
     # a launch that failed at a lower utilization than the best point's may fit there
