@@ -337,8 +337,8 @@ def stage_plan(
         unfit = unfit_sizes(trials)
         why = "re-checked at the tuned concurrency (pass 1 ran at the baseline's)"
         if unfit:
-            sizes = ", ".join(map(str, sorted(unfit)))
-            why += f"; skipped TP {sizes}: no memory for it at this gpu_memory_utilization"
+            skipped = ", ".join(map(str, sorted(unfit)))
+            why += f"; skipped TP {skipped}: no memory for it at this gpu_memory_utilization"
         out.append(Stage(RECHECK, len(b.parallel) - 1 - len(unfit), why))
         if joint and moved(trials):
             joint = 0  # its trials go to the coordinate passes (autotune.tuning.search.home_size)
