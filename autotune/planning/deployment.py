@@ -37,6 +37,7 @@ __all__ = [
     "per_user",
     "pooled_metrics",
     "replica_sample",
+    "replica_seed",
     "run_replica",
 ]
 
@@ -150,6 +151,12 @@ def per_user(m: LevelMetrics) -> float | None:
     return 1000.0 / float(tpot) if isinstance(tpot, int | float) and tpot > 0 else None
 
 
+def replica_seed(setup: ReplicaSetup, n: int, i: int = 0) -> int:
+    """The sample seed of replica ``i`` when the check runs ``n`` replicas: each replica of
+    each count draws its own sample."""
+    return setup.seed + 7919 * n + i
+
+
 def deployment_runner(setup: ReplicaSetup, target: Target) -> DeploymentRunner:
     """Runs ``n`` replicas of ``setup`` at their shares of ``target``; each replica of each
     count draws its own sample, and the SLOs are judged on the pooled requests."""
@@ -157,7 +164,7 @@ def deployment_runner(setup: ReplicaSetup, target: Target) -> DeploymentRunner:
     def run(n: int) -> DeploymentRun:
         shares = split_load(target, n)
         runs = [
-            run_replica(setup, target.kind, share, setup.seed + 7919 * n + i)
+            run_replica(setup, target.kind, share, replica_seed(setup, n, i))
             for i, share in enumerate(shares)
         ]
         return judged(n, pooled_metrics(runs), setup)

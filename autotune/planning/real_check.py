@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from autotune.planning.candidate_study import CandidateResult
-from autotune.planning.deployment import ReplicaSetup, judged, replica_sample
+from autotune.planning.deployment import ReplicaSetup, judged, replica_sample, replica_seed
 from autotune.planning.replicas import DeploymentRun, DeploymentRunner, Target, split_load
 from autotune.profiles.models import ModelProfile
 from autotune.tuning.measure.runner_factory import make_runner
@@ -71,7 +71,7 @@ class RealReplica:
 
         def run(n: int) -> DeploymentRun:
             share = max(split_load(target, n))
-            wl = replica_sample(setup, target.kind, share, setup.seed + 7919 * n)
+            wl = replica_sample(setup, target.kind, share, replica_seed(setup, n))
             out = self._loop.run_until_complete(self._runner.run_level(wl, 1.0))
             return judged(n, out.metrics, setup, copies=n)
 

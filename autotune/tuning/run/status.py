@@ -17,10 +17,10 @@ from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.create import load_study_config
 from autotune.tuning.run.gpu_budget import CostEstimate, estimate
 from autotune.tuning.search.edges import Widening, apply_widenings, stored_widenings
-from autotune.tuning.search.home_size import home_trial
+from autotune.tuning.search.home_size import home_trial, size_of
 from autotune.tuning.search.plan import model_of
 from autotune.tuning.search.ranking import feasible_ranked
-from autotune.tuning.search.space import TP_PARAM, SpaceBounds
+from autotune.tuning.search.space import SpaceBounds
 from autotune.tuning.search.stages import plan_lines
 from autotune.tuning.search.strategy import MEASURED, planned_total
 from autotune.workload.build import study_workload
@@ -161,7 +161,7 @@ def _estimate(p: _Plan) -> CostEstimate | None:
     # once a trial has held the SLOs, a study that searches the parallelism is priced at the
     # size the later stages tune (before, at the largest size)
     home = home_trial(p.trials) if p.bounds.parallel and feasible_ranked(p.trials) else None
-    size = int(attrs.engine_value(home, TP_PARAM) or 1) if home is not None else None
+    size = size_of(home) if home is not None else None
     return estimate(cfg, model, wl, planned, size)
 
 

@@ -32,7 +32,7 @@ from autotune.tuning.attrs import engine_value, failure_class_of, stage_of
 from autotune.tuning.search.ranking import TIE, best_trial, feasible_ranked
 from autotune.tuning.search.space import TP_PARAM
 
-__all__ = ["RECHECK", "home_trial", "moved", "unfit_sizes"]
+__all__ = ["RECHECK", "home_trial", "moved", "size_of", "unfit_sizes"]
 
 # the parallelism stage's second pass, after the fixed order's first
 RECHECK = f"{TP_PARAM}.2"
@@ -40,7 +40,8 @@ RECHECK = f"{TP_PARAM}.2"
 _NO_ROOM = (FailureClass.NO_KV_MEMORY, FailureClass.FREE_MEMORY)
 
 
-def _size(t: FrozenTrial) -> int:
+def size_of(t: FrozenTrial) -> int:
+    """The tensor-parallel size a trial ran (1: vLLM's default)."""
     return int(engine_value(t, TP_PARAM) or 1)
 
 
@@ -55,7 +56,7 @@ def home_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
     top = rechecks[0]
     if float(top.value or 0.0) < float(best.value) * (1.0 - TIE):
         return best
-    return best_trial([t for t in trials if _size(t) == _size(top)])
+    return best_trial([t for t in trials if size_of(t) == size_of(top)])
 
 
 def moved(trials: Sequence[FrozenTrial]) -> bool:
@@ -68,7 +69,7 @@ def moved(trials: Sequence[FrozenTrial]) -> bool:
     first, last = min(t.number for t in rechecks), max(t.number for t in rechecks)
     before = best_trial([t for t in trials if t.number < first])
     after = home_trial([t for t in trials if t.number <= last])
-    return before is not None and after is not None and _size(before) != _size(after)
+    return before is not None and after is not None and size_of(before) != size_of(after)
 
 
 def unfit_sizes(trials: Sequence[FrozenTrial]) -> set[int]:
@@ -81,11 +82,11 @@ def unfit_sizes(trials: Sequence[FrozenTrial]) -> set[int]:
     by_size: dict[int, list[FrozenTrial]] = {}
     for t in trials:
         if t.state.is_finished():
-            by_size.setdefault(_size(t), []).append(t)
+            by_size.setdefault(size_of(t), []).append(t)
     return {
         size
         for size, ts in by_size.items()
-        if size != _size(best)
+        if size != size_of(best)
         and all(
             failure_class_of(t) in _NO_ROOM
             and float(engine_value(t, "gpu_memory_utilization") or 0.0) >= util

@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StrategyConfig
 from autotune.tuning.attrs import engine_value, stage_of
-from autotune.tuning.search.home_size import RECHECK, home_trial, unfit_sizes
+from autotune.tuning.search.home_size import RECHECK, home_trial, size_of, unfit_sizes
 from autotune.tuning.search.linesearch import next_on_line
 from autotune.tuning.search.space import MNBT_PARAM, TP_PARAM, SpaceBounds, mnbt_range
 from autotune.tuning.search.stages import (
@@ -211,7 +211,8 @@ def sampler_for(
     choices = choices_of(b, free)
     if choices is not None and stage == RECHECK:
         # sizes that found no memory at the tuned utilization are not re-checked
-        choices = tuple(c for c in choices if c not in unfit_sizes(trials))
+        unfit = unfit_sizes(trials)
+        choices = tuple(c for c in choices if c not in unfit)
     if choices is not None:
         # A categorical stage tries each choice once, in order,
         # instead of letting TPE draw the same few values again.
@@ -232,7 +233,7 @@ def sampler_for(
             untried = [c for c in choices if c != now]
         if untried:
             if free == TP_PARAM and k >= 2 and best is not None:
-                now = int(_engine(best, TP_PARAM) or 1)
+                now = size_of(best)
                 fixed = _per_device_point(b, fixed, now, int(untried[0]))
             fixed[free] = untried[0]
             return optuna.samplers.PartialFixedSampler(fixed, tpe)
