@@ -26,12 +26,14 @@ from support.studies import config
 
 from autotune import cli
 from autotune.config import StudyConfig
+from autotune.gitrecord import git_runner
 from autotune.gitrecord.commit_spec import (
     RecordCommit,
     launch_script,
     recorded_trials,
     trial_trailers,
 )
+from autotune.gitrecord.git_runner import open_folder
 from autotune.gitrecord.run_hooks import HOOKS
 from autotune.gitrecord.study_record import commit_one, commit_study, record_run
 from autotune.gitrecord.trial_commit import TRIAL_FILES
@@ -337,3 +339,26 @@ def test_a_run_without_the_hooks_says_it_records_nothing(
         create_study(cfg, text, store)
         run_study(NAME, store)
     assert "it commits nothing" in caplog.text and not (tmp_path / "rec").exists()
+
+
+def test_a_folder_another_committer_is_initialising_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second of two `git init`s on one new folder fails on a file the first is making,
+    and the repository reads back only once the first is done: the second waits for it."""
+    real, seen = git_runner._git, {"init": 0, "late": 0}
+
+    def racing(cwd: Path, args: Any, **kw: Any) -> subprocess.CompletedProcess[str]:
+        if args[0] == "init" and seen["init"] == 0:
+            seen["init"] += 1  # the other committer's init is under way: ours fails
+            return subprocess.CompletedProcess(args, 1, "", "could not create .git: File exists")
+        if args[0] == "rev-parse" and seen["init"] == 1 and seen["late"] == 0:
+            seen["late"] += 1  # and its repository is not complete yet
+            return subprocess.CompletedProcess(args, 128, "", "fatal: not a git repository")
+        return real(cwd, args, **kw)
+
+    monkeypatch.setattr(git_runner, "_git", racing)
+    monkeypatch.setattr(git_runner.time, "sleep", lambda _s: None)
+    folder = open_folder(tmp_path / "new")
+    assert seen == {"init": 1, "late": 1}
+    assert folder.top == (tmp_path / "new").absolute() and (folder.top / ".git").is_dir()

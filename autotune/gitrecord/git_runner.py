@@ -214,12 +214,17 @@ def open_folder(path: str | Path) -> GitFolder:
     where = ["rev-parse", "--show-toplevel", "--absolute-git-dir"]
     r = _git(folder, where)
     if r.returncode != 0 and "not a git repository" in r.stderr:
-        init = _git(folder, ["init", "--quiet"])
-        r = _git(folder, where)
-        # two committers can init one new folder at once: git's config lock then fails the
-        # second `git init`, while the first made the repository both go on with
-        if init.returncode != 0 and r.returncode != 0:
-            raise _failed(folder, "init", init)
+        # two committers can init one new folder at once: the second `git init` then fails
+        # on a lock or file the first is making (its config lock, `info/exclude`), and the
+        # repository reads back only once the first is done: wait it out as the index lock is
+        for wait in (*_INDEX_LOCK_WAITS_S, None):
+            init = _git(folder, ["init", "--quiet"])
+            r = _git(folder, where)
+            if init.returncode == 0 or r.returncode == 0:
+                break
+            if wait is None:
+                raise _failed(folder, "init", init)
+            time.sleep(wait)
     if r.returncode != 0:
         raise _failed(folder, "rev-parse", r)
     top, git_dir = (Path(p) for p in r.stdout.splitlines()[:2])
