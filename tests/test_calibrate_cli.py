@@ -5,9 +5,13 @@ server better than the base profile it started from (docs/calibrate.md#1-the-com
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.cli_main import run_main
@@ -15,7 +19,7 @@ from support.processes import free_port
 from test_calibrate_fit import MODEL, TRUTH
 from test_sim_serve import start, stop, wait_healthy
 
-from autotune.calibrate import Probe
+from autotune.calibrate import Probe, live
 from autotune.calibrate.live import run_suite
 from autotune.calibrate.twin_fit import predict
 from autotune.profiles.hardware import get_hardware
@@ -105,3 +109,67 @@ def test_a_bad_out_is_refused_before_any_probe(
     code, out, err = run_main([*base, "--out", str(blocker / "twin.yaml")], capsys)
     assert code == 1 and err.startswith(f"error: --out: cannot write {blocker / 'twin.yaml'} (")
     assert "reach server" not in err and out == ""
+
+
+@contextlib.contextmanager
+def _simulated_server() -> Iterator[int]:
+    """A simulated H100 server on a free port, fast (time scale 50); yields the port."""
+    port = free_port()
+    args = ("--hardware", "H100-80GB", "--sim-startup-delay", "0", "--time-scale", "50")
+    proc = start(MODEL, *args, "--port", str(port))
+    try:
+        wait_healthy(port, proc)
+        yield port
+    finally:
+        stop(proc)
+
+
+def _prefix_hits(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prefix_cache_hits_total")
+    )
+
+
+def test_a_server_probed_twice_never_sees_a_prompt_again() -> None:
+    """The prompts derive from the request ids; each run of the suite tags them afresh, so
+    a second calibration of one server cannot hit its prefix cache and fake fast prefills
+    (docs/calibrate.md#2-the-probe-suite)."""
+    probes = [Probe("prefill", 1024, 1, requests=3)]
+    with _simulated_server() as port:
+        for _ in range(2):
+            run = asyncio.run(run_suite(f"http://127.0.0.1:{port}", probes))
+            assert run.runs[0].completed == 3
+        hits = _prefix_hits(port)
+    assert hits == 0
+
+
+def test_a_probe_whose_streams_all_came_in_a_flush_runs_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A starved API server writes whole streams at once; such a run times the starvation,
+    so the probe runs again with prompts of its own and its figures come from the streamed
+    run (docs/calibrate.md#2-the-probe-suite)."""
+    real = live.run_load
+    sent: list[list[str]] = []
+
+    async def first_run_flushed(url: str, requests: Any, options: Any) -> Any:
+        res = await real(url, requests, options)
+        sent.append([r.request_id for r in requests])
+        if len(sent) == 2:  # the warm-up, then the probe's first run: every gap gone
+            for r in res.records:
+                r.itl = [0.0] * len(r.itl)
+        return res
+
+    monkeypatch.setattr(live, "run_load", first_run_flushed)
+    with _simulated_server() as port:
+        run = asyncio.run(
+            run_suite(f"http://127.0.0.1:{port}", [Probe("decode", 16, 32, requests=3)])
+        ).runs[0]
+    assert (run.attempts, run.completed, run.flushed) == (2, 6, 3)
+    assert not set(sent[1]) & set(sent[2])  # new prompts
+    itl = next(o.value for o in run.observations if o.metric == "itl")
+    assert itl > 1e-3  # the streamed run's gaps, not the flush's zeros

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autotune.calibrate import Observation, Probe, Timing, default_suite, fit_twin, observe
-from autotune.calibrate.observe import trimmed_mean
+from autotune.calibrate.observe import flushed, trimmed_mean
 from autotune.calibrate.robust import robust_fit
 from autotune.calibrate.twin_fit import predict
 from autotune.profiles.hardware import get_hardware
@@ -92,6 +92,21 @@ def test_observe_reduces_each_probe_to_its_figures() -> None:
     assert got["itl"] == pytest.approx(np.mean([0.01, 0.02, 0.9] * 2))
     assert trimmed_mean([1.0] * 9 + [100.0]) == 1.0  # the stray pause is cut
     assert observe(dec, []) == []
+
+
+def test_a_flushed_stream_is_left_out_of_the_figures() -> None:
+    """A request whose tokens arrived together timed its API server's starvation, not the
+    engine (docs/calibrate.md#2-the-probe-suite)."""
+    dec = Probe("decode", 16, 8, requests=3)
+    streamed = Timing(0.02, (0.003,) * 7)
+    at_once = Timing(0.2, (0.0,) * 6 + (0.003,))
+    assert flushed(at_once) and not flushed(streamed)
+    got = {o.metric: o.value for o in observe(dec, [streamed, streamed, at_once])}
+    assert got == pytest.approx({"ttft": 0.02, "itl": 0.003})
+    # every request flushed: the probe measured nothing of the engine
+    assert observe(dec, [at_once, at_once]) == []
+    # a burst's few tokens say nothing about streaming
+    assert not flushed(Timing(0.1, (0.0, 0.0, 0.0)))
 
 
 def test_default_suite_stays_inside_the_servers_limits() -> None:

@@ -9,14 +9,16 @@ virtual clock, a real one's wall clock).
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from autotune.calibrate.observe import Observation, observe, timings_of_records
+from autotune.calibrate.observe import Observation, flushed, observe, timings_of_records
 from autotune.calibrate.probes import Probe, probe_workload
 from autotune.loadgen import (
     LoadOptions,
+    RequestRecord,
     ServerInfo,
     make_session,
     probe_server,
@@ -29,16 +31,23 @@ from autotune.workload.text import DEFAULT_VOCAB_SIZE
 __all__ = ["ProbeRun", "SuiteRun", "run_suite"]
 
 _WARMUP = 4  # requests before the first probe
+# Runs more of a probe whose every streamed request was flushed (observe.flushed): the
+# starvation comes and goes (docs/calibrate.md#2-the-probe-suite).
+_FLUSH_RETRIES = 2
 
 
 @dataclass(frozen=True)
 class ProbeRun:
-    """One probe as it ran: its figures and how many of its requests succeeded and failed."""
+    """One probe as it ran: its figures, how many of its requests succeeded and failed, and
+    how many reached their client in a flush (left out of the figures) over ``attempts``
+    runs of it."""
 
     probe: Probe
     observations: tuple[Observation, ...]
     completed: int
     failed: int
+    flushed: int = 0
+    attempts: int = 1
 
 
 @dataclass(frozen=True)
@@ -63,48 +72,63 @@ async def run_suite(
     model_dir: str | None = None,
     progress: Callable[[ProbeRun], None] | None = None,
 ) -> SuiteRun:
-    """Send every probe to ``base_url`` in order and reduce each to its figures."""
+    """Send every probe to ``base_url`` in order and reduce each to its figures. A probe
+    whose every request reached its client in a flush runs again, up to
+    :data:`_FLUSH_RETRIES` more times, with prompts of its own each time."""
     t0 = time.monotonic()
     info = await probe_server(base_url, api_key)
     vocab = info.vocab_size or DEFAULT_VOCAB_SIZE
+    run_tag = secrets.token_hex(4)  # this run's prompts differ from any earlier run's
+    options = LoadOptions(
+        model=model or info.model_id,
+        api_key=api_key,
+        time_scale=info.time_scale,
+        drain_timeout=120.0,
+    )
     async with make_session() as session:
         tokens = await server_tokens(
             session, info, model=model, api_key=api_key, model_dir=model_dir
         )
-        warm = Workload(
-            [WorkloadRequest(16, 8, arrival=None, request_id=f"warm-{i}") for i in range(_WARMUP)],
-            "calibration warm-up",
-            closed_loop_concurrency=1,
+
+        async def send(wl: Workload) -> list[RequestRecord]:
+            sent = await prepare_for_server(wl, tokens, endpoint="completions", vocab_size=vocab)
+            opts = replace(options, max_concurrency=sent.closed_loop_concurrency)
+            return list((await run_load(info.base_url, sent.requests, opts)).records)
+
+        await send(
+            Workload(
+                [
+                    WorkloadRequest(16, 8, arrival=None, request_id=f"warm-{run_tag}-{i}")
+                    for i in range(_WARMUP)
+                ],
+                "calibration warm-up",
+                closed_loop_concurrency=1,
+            )
         )
-        loads = [warm] + [probe_workload(p, i) for i, p in enumerate(probes)]
-        prepared = [
-            await prepare_for_server(wl, tokens, endpoint="completions", vocab_size=vocab)
-            for wl in loads
-        ]
-    runs: list[ProbeRun] = []
-    for k, wl in enumerate(prepared):
-        res = await run_load(
-            info.base_url,
-            wl.requests,
-            LoadOptions(
-                model=model or info.model_id,
-                api_key=api_key,
-                max_concurrency=wl.closed_loop_concurrency,
-                time_scale=info.time_scale,
-                drain_timeout=120.0,
-            ),
-        )
-        if k == 0:
-            continue  # the warm-up
-        probe = probes[k - 1]
-        ok = [r for r in res.records if r.success]
-        run = ProbeRun(
-            probe,
-            tuple(observe(probe, timings_of_records(ok))),
-            completed=len(ok),
-            failed=len(res.records) - len(ok),
-        )
-        runs.append(run)
-        if progress is not None:
-            progress(run)
+        runs: list[ProbeRun] = []
+        for i, probe in enumerate(probes):
+            ok: list[RequestRecord] = []
+            failed = attempts = 0
+            while True:
+                tag = f"{run_tag}-{attempts}-" if attempts else f"{run_tag}-"
+                records = await send(probe_workload(probe, i, tag))
+                attempts += 1
+                ok += [r for r in records if r.success]
+                failed += sum(not r.success for r in records)
+                timings = timings_of_records(ok)
+                if not timings or not all(flushed(t) for t in timings):
+                    break
+                if attempts > _FLUSH_RETRIES:
+                    break
+            run = ProbeRun(
+                probe,
+                tuple(observe(probe, timings)),
+                completed=len(ok),
+                failed=failed,
+                flushed=sum(flushed(t) for t in timings),
+                attempts=attempts,
+            )
+            runs.append(run)
+            if progress is not None:
+                progress(run)
     return SuiteRun(info, tuple(runs), time.monotonic() - t0)

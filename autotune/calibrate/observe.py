@@ -3,7 +3,8 @@
 The same reduction reads a live server's client records and the simulated twin's request
 timings, so measured and predicted figures are the same statistic of the same load: the
 trimmed means of a probe's inter-token gaps and TTFTs, and the mean TTFT of a burst's slowest
-quarter (the API server's queue). Why trimmed means and not medians: a request's TTFT jumps
+quarter (the API server's queue), flushed requests left out
+(:func:`flushed`). Why trimmed means and not medians: a request's TTFT jumps
 by a whole step when its arrival crosses a step's start, and a median of a few requests
 jumps with it, which leaves the fit's finite differences meaningless; a mean moves by a
 fraction of that, and trimming keeps a real server's stray pause out. Pure.
@@ -21,8 +22,10 @@ from autotune.loadgen import RequestRecord
 from autotune.sim import RequestTiming
 
 __all__ = [
+    "FLUSH_GAP_S",
     "Observation",
     "Timing",
+    "flushed",
     "observe",
     "timings_of_records",
     "timings_of_sim",
@@ -30,6 +33,8 @@ __all__ = [
 ]
 
 _TRIM = 0.1  # share cut from each end
+# A gap this short is no engine step: the client read tokens that were written together.
+FLUSH_GAP_S = 2e-4
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,19 @@ def trimmed_mean(values: Sequence[float], cut: float = _TRIM) -> float:
     return float(v[k : len(v) - k].mean()) if len(v) > 2 * k else float(v.mean())
 
 
+def flushed(t: Timing) -> bool:
+    """Whether the request's tokens reached its client in a flush rather than a stream: most
+    of its gaps shorter than any engine step (:data:`FLUSH_GAP_S`). A starved API server (a
+    host whose cores the engine fills) writes a whole stream at once; its TTFT and gaps then
+    time the starvation, not the engine (docs/calibrate.md#2-the-probe-suite)."""
+    gaps = t.itl
+    return len(gaps) >= 4 and sum(g < FLUSH_GAP_S for g in gaps) > len(gaps) / 2
+
+
 def observe(probe: Probe, timings: Sequence[Timing]) -> list[Observation]:
-    """The figures ``probe`` is for (module docstring); none when no request succeeded."""
+    """The figures ``probe`` is for (module docstring); none when no request succeeded, or
+    when every one was flushed (:func:`flushed`: they timed the starvation)."""
+    timings = [t for t in timings if not flushed(t)]
     if not timings:
         return []
     ttfts = [t.ttft for t in timings]

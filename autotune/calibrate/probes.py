@@ -79,16 +79,17 @@ def default_suite(
     return out
 
 
-def probe_workload(probe: Probe, index: int) -> Workload:
+def probe_workload(probe: Probe, index: int, run: str = "") -> Workload:
     """The requests a live server gets for ``probe`` (the ``index``-th of the suite): ids are
-    unique across the suite so that no prompt repeats (a prefix-cache hit would fake a fast
-    prefill)."""
+    unique across the suite, and across runs by ``run`` (a tag of its own per run of the
+    suite), so that no prompt repeats, not even when the same server is calibrated twice (a
+    prefix-cache hit would fake a fast prefill; the prompts derive from the ids)."""
     reqs = [
         WorkloadRequest(
             probe.prompt_len,
             probe.output_len,
             arrival=None if probe.closed_loop else 0.0,
-            request_id=f"calibrate-{index}-{i}",
+            request_id=f"calibrate-{run}{index}-{i}",
         )
         for i in range(probe.requests)
     ]

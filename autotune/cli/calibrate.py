@@ -88,7 +88,10 @@ def _calibrate(
 
     def progress(run: ProbeRun) -> None:
         figs = ", ".join(f"{o.metric} {o.value * 1e3:.2f} ms" for o in run.observations)
-        con.print(f"probe {run.probe.name}: {run.completed} ok, {run.failed} failed; {figs}")
+        flushes = f", {run.flushed} flushed in {run.attempts} runs" if run.flushed else ""
+        con.print(
+            f"probe {run.probe.name}: {run.completed} ok, {run.failed} failed{flushes}; {figs}"
+        )
 
     live = asyncio.run(
         calibrate_live(base_url, prof, base, args, served_model=served_model, progress=progress)
