@@ -108,17 +108,13 @@ async def run_suite(
         runs: list[ProbeRun] = []
         for i, probe in enumerate(probes):
             ok: list[RequestRecord] = []
-            failed = attempts = 0
-            while True:
-                tag = f"{run_tag}-{attempts}-" if attempts else f"{run_tag}-"
-                records = await send(probe_workload(probe, i, tag))
-                attempts += 1
+            failed = 0
+            for attempts in range(1, _FLUSH_RETRIES + 2):
+                records = await send(probe_workload(probe, i, f"{run_tag}-{attempts}-"))
                 ok += [r for r in records if r.success]
                 failed += sum(not r.success for r in records)
                 timings = timings_of_records(ok)
-                if not timings or not all(flushed(t) for t in timings):
-                    break
-                if attempts > _FLUSH_RETRIES:
+                if not all(flushed(t) for t in timings) or not timings:
                     break
             run = ProbeRun(
                 probe,
