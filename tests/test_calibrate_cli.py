@@ -113,9 +113,11 @@ def test_a_bad_out_is_refused_before_any_probe(
 
 @contextlib.contextmanager
 def _simulated_server() -> Iterator[int]:
-    """A simulated H100 server on a free port, fast (time scale 50); yields the port."""
+    """A simulated H100 server on a free port, in real time; yields the port. Faster, its
+    steps would last a fraction of a millisecond of wall time, so a busy client would read
+    them together and see the flushes these tests are about."""
     port = free_port()
-    args = ("--hardware", "H100-80GB", "--sim-startup-delay", "0", "--time-scale", "50")
+    args = ("--hardware", "H100-80GB", "--sim-startup-delay", "0")
     proc = start(MODEL, *args, "--port", str(port))
     try:
         wait_healthy(port, proc)
