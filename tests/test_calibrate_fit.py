@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autotune.calibrate import Observation, Probe, Timing, default_suite, fit_twin, observe
-from autotune.calibrate.observe import flushed, trimmed_mean
+from autotune.calibrate.observe import EngineSums, engine_sums_of_sim, flushed, trimmed_mean
 from autotune.calibrate.robust import robust_fit
 from autotune.calibrate.twin_fit import predict
 from autotune.profiles.hardware import get_hardware
@@ -18,6 +18,7 @@ from autotune.profiles.models import get_model
 from autotune.sim import (
     EngineArgs,
     Measured,
+    RequestTiming,
     TwinFile,
     dump_twin,
     load_twin,
@@ -107,6 +108,44 @@ def test_a_flushed_stream_is_left_out_of_the_figures() -> None:
     assert observe(dec, [at_once, at_once]) == []
     # a burst's few tokens say nothing about streaming
     assert not flushed(Timing(0.1, (0.0, 0.0, 0.0)))
+
+
+def test_the_engine_cores_own_figures_survive_a_flush() -> None:
+    """The server's histograms time the engine core's steps, which a starved API server's
+    flush does not reach: they stay when every stream was flushed
+    (docs/calibrate.md#2-the-probe-suite)."""
+    dec = Probe("decode", 16, 8, requests=2)
+    at_once = Timing(0.2, (0.0,) * 6 + (0.003,))
+    engine = EngineSums(itl_sum=0.042, itl_count=14, prefill_sum=0.01, prefill_count=2)
+    got = {o.metric: o.value for o in observe(dec, [at_once, at_once], engine)}
+    assert got == pytest.approx({"engine_itl": 0.003, "engine_prefill": 0.005})
+    # nothing counted, no figure: a server without the histograms
+    assert observe(dec, [at_once], EngineSums()) == []
+
+
+def test_the_twins_engine_figures_are_its_step_ends_not_its_deliveries() -> None:
+    """engine_sums_of_sim adds up what a simulated server's histograms would: prefill from
+    scheduling to the first token's step end, and one gap per later token, between the
+    engine core's step ends, however late the API server delivered them."""
+
+    def timing(scheduled: float, core: list[float], late: float) -> RequestTiming:
+        times = np.array(core)
+        return RequestTiming(
+            "r",
+            16,
+            len(core),
+            0.0,
+            scheduled,
+            times[0] + late,
+            times[-1] + late,
+            times + late,
+            engine_token_times=times,
+        )
+
+    sums = engine_sums_of_sim([timing(0.0, [0.01, 0.013, 0.016], 0.5), timing(0.02, [0.03], 0.1)])
+    assert (sums.itl_count, sums.prefill_count) == (2, 2)
+    assert sums.itl_sum == pytest.approx(0.006)
+    assert sums.prefill_sum == pytest.approx(0.01 + 0.01)
 
 
 def test_default_suite_stays_inside_the_servers_limits() -> None:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -184,3 +185,19 @@ async def test_stalled_scrapes_are_counted_and_deltas_survive() -> None:
             stats = ScrapeStats()
             assert await scrape(session, url.replace("/metrics", "/nope"), 1.0, stats) is None
             assert stats.attempts == 1 and stats.missed == 1
+
+
+def test_sim_timeline_times_its_gaps_by_the_engine_cores_step_ends() -> None:
+    """vLLM stamps its inter-token histogram with the engine core's clock, so an API server
+    that streams slower than the engine steps does not reach it: on a front end of 2 ms per
+    token the in-process record's gaps are the steps', shorter than the delivered ones
+    (docs/simulator.md#5-metrics-and-logs)."""
+    slow = replace(get_hardware(HW), sim_overrides=(("front_end.per_output_token", 2e-3),))
+    reqs = [SimRequest(64, 32, arrival=0.0, request_id=str(i)) for i in range(8)]
+    result = simulate(get_model(MODEL), slow, EngineArgs(max_model_len=2048), reqs, seed=0)
+    itl = from_sim_timeline(result, 0.0, result.end, 2048, 8).histograms["itl"]
+    engine = [g for r in result.requests for g in np.diff(r.engine_token_times)]
+    delivered = [g for r in result.requests for g in np.diff(r.token_times)]
+    assert itl.count == len(engine) == 8 * 31
+    assert itl.sum == pytest.approx(sum(engine))
+    assert sum(delivered) > 1.3 * sum(engine)

@@ -9,12 +9,19 @@ virtual clock, a real one's wall clock).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from autotune.calibrate.observe import Observation, flushed, observe, timings_of_records
+from autotune.calibrate.observe import (
+    EngineSums,
+    Observation,
+    flushed,
+    observe,
+    timings_of_records,
+)
 from autotune.calibrate.probes import Probe, probe_workload
 from autotune.loadgen import (
     LoadOptions,
@@ -25,15 +32,41 @@ from autotune.loadgen import (
     run_load,
 )
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
+from autotune.telemetry.scrape import Snapshot, scrape
 from autotune.workload.core import Workload, WorkloadRequest
 from autotune.workload.text import DEFAULT_VOCAB_SIZE
 
-__all__ = ["ProbeRun", "SuiteRun", "run_suite"]
+__all__ = ["ProbeRun", "SuiteRun", "engine_delta", "run_suite"]
 
 _WARMUP = 4  # requests before the first probe
 # Runs more of a probe whose every streamed request was flushed (observe.flushed): the
 # starvation comes and goes (docs/calibrate.md#2-the-probe-suite).
 _FLUSH_RETRIES = 2
+# The engine core's histograms a probe's figures read (observe.EngineSums); vLLM records a
+# step's outputs just after the API server has handed them out, so the scrape after a probe
+# waits for the counts to reach what the client received (docs/calibrate.md#2-the-probe-suite).
+_ITL = "vllm:inter_token_latency_seconds"
+_PREFILL = "vllm:request_prefill_time_seconds"
+_SCRAPE_TIMEOUT_S = 10.0
+_SETTLE_TRIES = 10
+_SETTLE_S = 0.05
+
+
+def engine_delta(before: Snapshot | None, after: Snapshot | None) -> EngineSums | None:
+    """The engine core's sums between two ``/metrics`` pages; None without both pages or
+    when the server exposes neither histogram (an older or foreign server)."""
+    if before is None or after is None:
+        return None
+    sums: list[float] = []
+    for name in (_ITL, _PREFILL):
+        a, b = after.histograms.get(name), before.histograms.get(name)
+        if a is None:
+            sums += [0.0, 0.0]
+            continue
+        sums += [a.sum - (b.sum if b else 0.0), a.count - (b.count if b else 0.0)]
+    if _ITL not in after.histograms and _PREFILL not in after.histograms:
+        return None
+    return EngineSums(*sums)
 
 
 @dataclass(frozen=True)
@@ -95,6 +128,22 @@ async def run_suite(
             opts = replace(options, max_concurrency=sent.closed_loop_concurrency)
             return list((await run_load(info.base_url, sent.requests, opts)).records)
 
+        metrics_url = info.base_url.rstrip("/") + "/metrics"
+
+        async def timed(wl: Workload) -> tuple[list[RequestRecord], EngineSums | None]:
+            """``send``, with the engine core's sums over it from ``/metrics``."""
+            before = await scrape(session, metrics_url, _SCRAPE_TIMEOUT_S)
+            records = await send(wl)
+            want = sum(1 for r in records if r.success)
+            delta = None
+            for _ in range(_SETTLE_TRIES):
+                after = await scrape(session, metrics_url, _SCRAPE_TIMEOUT_S)
+                delta = engine_delta(before, after)
+                if delta is None or delta.prefill_count >= want:
+                    break
+                await asyncio.sleep(_SETTLE_S)
+            return records, delta
+
         await send(
             Workload(
                 [
@@ -109,8 +158,12 @@ async def run_suite(
         for i, probe in enumerate(probes):
             ok: list[RequestRecord] = []
             failed = 0
+            engine: EngineSums | None = EngineSums()
             for attempts in range(1, _FLUSH_RETRIES + 2):
-                records = await send(probe_workload(probe, i, f"{run_tag}-{attempts}-"))
+                records, delta = await timed(probe_workload(probe, i, f"{run_tag}-{attempts}-"))
+                # every attempt's requests count for the engine core: a flush is the API
+                # server's, not the engine's
+                engine = None if engine is None or delta is None else engine + delta
                 ok += [r for r in records if r.success]
                 failed += sum(not r.success for r in records)
                 timings = timings_of_records(ok)
@@ -118,7 +171,7 @@ async def run_suite(
                     break
             run = ProbeRun(
                 probe,
-                tuple(observe(probe, timings)),
+                tuple(observe(probe, timings, engine)),
                 completed=len(ok),
                 failed=failed,
                 flushed=sum(flushed(t) for t in timings),

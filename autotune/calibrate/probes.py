@@ -59,7 +59,7 @@ def default_suite(
     max_model_len: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048
 ) -> list[Probe]:
     """The probes for a server with these limits: every prompt fits one step and the context,
-    every concurrency fits ``max_num_seqs``. About 270 requests; a few minutes on a GPU."""
+    every concurrency fits ``max_num_seqs``. About 300 requests; a few minutes on a GPU."""
     room = max_model_len - 64  # the longest prompt that still leaves a 64-token output
     prefill_cap = min(room, max_num_batched_tokens)
     if prefill_cap < 16:
@@ -73,6 +73,11 @@ def default_suite(
     for n in (4, 16, 64):
         if n <= max_num_seqs:
             out.append(Probe("concurrency", 64, 64, requests=2 * n, concurrency=n))
+    # many sequences at a long context: the only probe whose steps read much KV cache
+    n = min(16, max_num_seqs)
+    out.append(
+        Probe("concurrency", min(room, max_model_len // 2), 64, requests=2 * n, concurrency=n)
+    )
     n = min(32, max_num_seqs)
     for p in sorted({32, min(512, prefill_cap // n or 1)}):
         out.append(Probe("burst", p, 4, requests=n))

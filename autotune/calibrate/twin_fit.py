@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from autotune.calibrate.measured_levels import LevelTarget, predict_level
-from autotune.calibrate.observe import Observation, observe, timings_of_sim
+from autotune.calibrate.observe import (
+    ENGINE_METRICS,
+    Observation,
+    engine_sums_of_sim,
+    observe,
+    timings_of_sim,
+)
 from autotune.calibrate.probes import Probe, probe_sim_requests
 from autotune.calibrate.robust import RobustFit, Vector, robust_fit
 from autotune.profiles.hardware import HardwareProfile
@@ -117,7 +123,7 @@ def predict(
             jitter_cv=0.0,
             concurrency=p.concurrency if p.closed_loop else None,
         )
-        out += observe(p, timings_of_sim(res.requests))
+        out += observe(p, timings_of_sim(res.requests), engine_sums_of_sim(res.requests))
     return out
 
 
@@ -144,17 +150,81 @@ def fit_twin(
     best kept. Raises ValueError when nothing was measured or a fitted constant is 0 on the
     base (its log has no start). ``warm``: constants to begin at (an earlier fit's), the
     prior staying on ``start``. ``time_limit_s``: CPU seconds for each run of the fit.
+    With the engine core's own figures among ``measured`` the fit runs in two stages, twice
+    (below); ``Calibration.fit`` is then the API server's last stage.
     """
     if not measured:
         raise ValueError("no probe measured anything: nothing to fit")
     begin = twin_constants(twin_hardware(start, base.name) if start is not None else base)
     names = list(fitted)
-    x0 = np.array([math.log(begin[c]) if begin[c] > 0 else math.nan for c in names])
-    if np.isnan(x0).any():
-        zero = [f"{s}.{n}" for (s, n), v in zip(names, x0, strict=True) if math.isnan(v)]
+    zero = [f"{s}.{n}" for s, n in names if not begin[(s, n)] > 0]
+    if zero:
         raise ValueError(f"cannot fit constant(s) that are 0 on {base.name}: {zero}")
-    want = {o.key: o.value for o in measured}
     kept = _overrides(start)  # the start's other overrides stay in every candidate
+
+    def stage(
+        obs: Sequence[Observation], group: list[Constant], fixed: Mapping[Constant, float]
+    ) -> tuple[dict[Constant, float], dict[Constant, float], RobustFit]:
+        return _fit(
+            targets,
+            obs,
+            model,
+            base,
+            args,
+            group,
+            begin,
+            fixed,
+            warm,
+            max_iter,
+            starts,
+            time_limit_s,
+        )
+
+    # The engine core's own figures (observe.ENGINE_METRICS) time its steps and nothing
+    # else: the step's constants are fitted to them alone, then the API server's to the
+    # client's figures with those held, so what the model leaves out on the client's side
+    # (its HTTP stack, a starved API server) cannot bend the step (docs/calibrate.md#3-the-fit).
+    engine = [o for o in measured if o.metric in ENGINE_METRICS]
+    steps = [c for c in names if c[0] != "front_end"]
+    if engine and steps and len(steps) < len(names):
+        client = [o for o in measured if o.metric not in ENGINE_METRICS] or engine
+        front: dict[Constant, float] = {}
+        for _ in range(2):
+            v1, e1, _ = stage(engine, steps, {**kept, **front})
+            front, e2, fit = stage(client, [c for c in names if c not in steps], {**kept, **v1})
+        values, stderr = {**v1, **front}, {**e1, **e2}
+    else:
+        values, stderr, fit = stage(measured, names, kept)
+    final = {**kept, **values}
+    hw = twin_hardware(_twin_file(base.name, final), f"{base.name}+fit")
+    got = {o.key: o.value for o in predict(targets, model, hw, args)}
+    by_metric: dict[str, list[float]] = {}
+    for o in measured:
+        if got.get(o.key, 0) > 0 and o.value > 0:
+            by_metric.setdefault(o.metric, []).append(abs(got[o.key] / o.value - 1) * 100.0)
+    residual_pct = {m: round(float(np.median(v)), 2) for m, v in sorted(by_metric.items())}
+    return Calibration(base.name, final, stderr, residual_pct, fit)
+
+
+def _fit(
+    targets: Sequence[Target],
+    measured: Sequence[Observation],
+    model: ModelProfile,
+    base: HardwareProfile,
+    args: EngineArgs,
+    names: list[Constant],
+    begin: Mapping[Constant, float],
+    kept: Mapping[Constant, float],
+    warm: Mapping[Constant, float] | None,
+    max_iter: int,
+    starts: int,
+    time_limit_s: float | None,
+) -> tuple[dict[Constant, float], dict[Constant, float], RobustFit]:
+    """One robust fit of ``names`` to ``measured``, the other constants at ``kept``; the
+    prior is centred on ``begin``, the runs start there (or at ``warm``). Returns the
+    fitted values, their standard errors and the fit."""
+    x0 = np.array([math.log(begin[c]) for c in names])
+    want = {o.key: o.value for o in measured}
     mu = x0.copy()
     if warm:
         x0 = np.array(
@@ -191,8 +261,4 @@ def fit_twin(
     values = dict(zip(names, (float(v) for v in np.exp(fit.x)), strict=True))
     # d(e^x) = e^x dx: a log-space error is a relative one
     stderr = {c: values[c] * float(s) for c, s in zip(names, fit.stderr, strict=True)}
-    by_metric: dict[str, list[float]] = {}
-    for (_, metric), r in zip(want, fit.residuals, strict=True):
-        by_metric.setdefault(metric, []).append(abs(math.expm1(r)) * 100.0)
-    residual_pct = {m: round(float(np.median(v)), 2) for m, v in sorted(by_metric.items())}
-    return Calibration(base.name, {**kept, **values}, stderr, residual_pct, fit)
+    return values, stderr, fit

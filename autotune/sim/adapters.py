@@ -67,7 +67,9 @@ def from_sim_timeline(
     gaps: list[np.ndarray] = []
     emitted = 0
     for r in result.requests:
-        tt = r.token_times
+        # the engine core's step ends, as vLLM's counters and ITL histogram stamp them
+        # (docs/simulator.md#5-metrics-and-logs); TTFT and e2e below are as delivered
+        tt = r.engine_token_times
         if r.rejected or len(tt) == 0 or tt[-1] <= start or tt[0] > end:
             continue
         emitted += int(((tt > start) & (tt <= end)).sum())

@@ -53,6 +53,10 @@ class Stream:
     first_chunk: float = -1.0  # engine time the handler wrote its first chunk with choices
     last_token: float = -1.0
     token_times: list[float] = field(default_factory=list)
+    # the same two instants on the engine core's clock, before the API server's delivery:
+    # vLLM times its prefill, decode and inter-token histograms with these
+    core_first: float = -1.0
+    core_last: float = -1.0
 
 
 def metrics_for(engine: Engine, served_model_name: str) -> VllmMetrics:
@@ -211,7 +215,7 @@ class EngineDriver:
                 await self.clock.sleep_until(end)
                 # vLLM counts a request's whole prompt, cached tokens included, in the step
                 # that emits its first token (tests/data/captures/prompt_tokens_cached.txt)
-                prompt_tokens = self._deliver(now, eng.last_out)
+                prompt_tokens = self._deliver(now, end, eng.last_out)
                 self.metrics.observe_step(prompt_tokens=prompt_tokens, **step)
                 self._window[0] += prompt_tokens
                 self._window[1] += st.num_sampled
@@ -231,10 +235,10 @@ class EngineDriver:
             delay = (until - self.clock.now()) / self.clock.scale
             await asyncio.wait_for(self._wake.wait(), max(0.0, delay))
 
-    def _deliver(self, step_start: float, end: float) -> int:
+    def _deliver(self, step_start: float, core_end: float, end: float) -> int:
         """Hand every stream its new tokens at ``end``, when the API server has processed
-        the step (the engine core runs on meanwhile); returns the prompt tokens (whole
-        prompts) of the requests whose first token this step emitted."""
+        the step that ended at ``core_end`` (the engine core runs on meanwhile); returns the
+        prompt tokens (whole prompts) of the requests whose first token this step emitted."""
         sched = self.engine.sched
         nxt = self.engine.step_idx
         vocab = self.engine.model.vocab_size
@@ -258,11 +262,11 @@ class EngineDriver:
             if new <= 0:
                 continue
             if s.first_token < 0:
-                s.first_token = end
+                s.first_token, s.core_first = end, core_end
                 first_prompts += len(s.prompt_ids)
             else:
-                gaps.append(end - s.last_token)
-            s.last_token = end
+                gaps.append(core_end - s.core_last)
+            s.last_token, s.core_last = end, core_end
             s.token_times.append(end)
             s.delivered = n
             done = r.status == FINISHED
@@ -270,7 +274,7 @@ class EngineDriver:
                 (s, ([s.rng.randrange(vocab) for _ in range(new)], "length" if done else None))
             )
             if done:
-                self._finished(r, s, end)
+                self._finished(r, s, end, core_end)
         if gaps:
             self.metrics.observe_itl(gaps)
         if end > self.clock.now():  # the API server is still detokenizing the step
@@ -287,7 +291,7 @@ class EngineDriver:
         for s, d in puts:
             s.queue.put_nowait(d)
 
-    def _finished(self, r: Req, s: Stream, end: float) -> None:
+    def _finished(self, r: Req, s: Stream, end: float, core_end: float) -> None:
         del self._live[r]
         self.metrics.observe_finished(
             finished_reason="length",
@@ -299,6 +303,8 @@ class EngineDriver:
             scheduled=s.scheduled,
             first_token=s.first_token,
             finish=end,
+            core_first_token=s.core_first,
+            core_finish=core_end,
             num_preemptions=r.preemptions,
             prefill_computed_tokens=len(s.prompt_ids) - r.cached,
             cached_prompt_tokens=r.cached,

@@ -185,6 +185,7 @@ class Engine:
 
     def result(self) -> SimResult:
         ends = np.asarray(self.step_out, dtype=np.float64)
+        core = np.asarray(self.step_end, dtype=np.float64)  # the engine core's (ends: delivered)
         starts = self.step_start
         timings: list[RequestTiming] = []
         for r in self.reqs:
@@ -202,6 +203,7 @@ class Engine:
                     scheduled=starts[r.t_sched] if r.t_sched >= 0 else math.nan,
                     first_token=float(ends[r.t_first]) if r.t_first >= 0 else math.nan,
                     finish=float(ends[r.t_finish]) if r.t_finish >= 0 else math.nan,
+                    engine_token_times=self.token_times(r, core),
                     token_times=tt,
                     preemptions=r.preemptions,
                     warmup=isinstance(r.user, SimRequest) and r.user.warmup,

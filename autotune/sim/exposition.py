@@ -318,10 +318,18 @@ class VllmMetrics:
         first_token: float,
         finish: float,
         num_preemptions: int,
+        core_first_token: float | None = None,
+        core_finish: float | None = None,
         prefill_computed_tokens: int,
         cached_prompt_tokens: int,
     ) -> None:
         """Record one finished request (engine-second timestamps), as vLLM's logger does.
+
+        ``first_token`` and ``finish``: when the API server handed out the first and last
+        token (vLLM's front end times TTFT and end-to-end latency); ``core_first_token`` and
+        ``core_finish``: when the engine core's steps produced them (default: the same),
+        which vLLM's queue, prefill, decode and inference times use, its engine-core
+        timestamps (docs/simulator.md#34-the-api-server).
 
         One call is one request: ``n`` and the max generation length are observed per call,
         which is exact for ``n == 1``. ``max_tokens`` of 0 means "not set" and, as in vLLM,
@@ -330,13 +338,15 @@ class VllmMetrics:
         if finished_reason not in self.request_success:
             raise ValueError(f"unknown finished_reason {finished_reason!r}")
         self.request_success[finished_reason].inc()
-        decode = finish - first_token
+        core_first = first_token if core_first_token is None else core_first_token
+        core_end = finish if core_finish is None else core_finish
+        decode = core_end - core_first
         self.e2e.observe(finish - arrival)
         # vLLM observes TTFT when the first token comes out; doing it at finish only delays it.
         self.ttft.observe(first_token - arrival)
         self.queue_time.observe(scheduled - arrival)
-        self.prefill_time.observe(first_token - scheduled)
-        self.inference_time.observe(finish - scheduled)
+        self.prefill_time.observe(core_first - scheduled)
+        self.inference_time.observe(core_end - scheduled)
         self.decode_time.observe(decode)
         self.tpot.observe(decode / (generation_tokens - 1) if generation_tokens > 1 else 0.0)
         self.request_prompt_tokens.observe(prompt_tokens)

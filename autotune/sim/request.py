@@ -137,6 +137,12 @@ class RequestTiming:
     reject_reason: str = ""
     truncated: bool = False  # max_tokens cut to max_model_len - prompt (vLLM does the same)
     warmup: bool = False  # a warm-up request (SimRequest.warmup)
+    # When the engine core ended the steps that made each token, before the API server
+    # delivered them (token_times); vLLM's prefill, decode and inter-token histograms time
+    # these (docs/simulator.md#5-metrics-and-logs)
+    engine_token_times: npt.NDArray[np.float64] = field(
+        default_factory=lambda: np.empty(0), repr=False
+    )
 
     @property
     def ttft(self) -> float:
