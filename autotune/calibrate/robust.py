@@ -64,6 +64,7 @@ def robust_fit(
     cov_step: float = 0.25,
     tol: float = 1e-4,
     time_limit_s: float | None = None,
+    errors: bool = True,
 ) -> RobustFit:
     """Minimize ``sum(soft_l1(r / noise)) / 2 + sum(((x - mu) / prior_sigma)^2) / 2``.
 
@@ -80,8 +81,10 @@ def robust_fit(
     ``cov_step`` each way) with the noise re-estimated from the residuals at the solution,
     never below ``noise_floor``: a fit that matches its data exactly does not claim a
     certainty no measurement has. Each is at least what the objective's own rise along
-    that parameter gives, on its flatter side, over 1, 2 and 4 times ``cov_step``: a
-    residual with a kink is steep on one side only.
+    that parameter gives, on its flatter side, over 1 and 4 times ``cov_step``: a
+    residual with a kink is steep on one side only. ``errors=False`` skips them (NaN), and
+    the noise stays ``noise``: for a start among several, whose best is then given errors by
+    a call from its ``x`` with ``max_iter=0``.
     """
     x = np.asarray(x0, dtype=float).copy()
     mu = np.asarray(prior_mean, dtype=float)
@@ -121,6 +124,8 @@ def robust_fit(
             lam *= 4.0
         if drop < tol:
             break
+    if not errors:  # a start of several: only the best one's errors are wanted
+        return RobustFit(x, np.full(x.size, np.nan), u * noise, cost, noise)
     # The posterior: J'WJ / s^2 + prior precision, s^2 the residuals' weighted scatter. Its
     # Jacobian is a wide central difference: a narrow one on a piecewise residual reads a
     # step's jump as information the data do not hold (docs/calibrate.md#3-the-fit).
@@ -133,13 +138,13 @@ def robust_fit(
         return 0.5 * float(np.sum(w * uv**2) + np.sum(prec * (v - mu) ** 2))
 
     # Its curvature along each parameter from the rise on the flatter side,
-    # 2 (Q(x +- h) - Q(x)) / h^2, the least over steps h of 1, 2 and 4 times cov_step: the
+    # 2 (Q(x +- h) - Q(x)) / h^2, the lesser over steps h of 1 and 4 times cov_step: the
     # same on both sides and at every width where the residuals are linear; where a figure
     # moves only once a queue forms (a kink), steep on one side only.
     q0 = quad(u, x)
     rise = np.full(x.size, np.inf)
     for j in range(x.size):
-        for k, h in enumerate(cov_step * np.array([1.0, 2.0, 4.0])):
+        for k, h in enumerate(cov_step * np.array([1.0, 4.0])):
             hi, lo = x.copy(), x.copy()
             hi[j] += h
             lo[j] -= h
