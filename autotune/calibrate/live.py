@@ -33,6 +33,8 @@ from autotune.loadgen import (
 )
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.telemetry.scrape import Snapshot, scrape
+from autotune.telemetry.stats import HistogramDelta
+from autotune.telemetry.summary import HISTOGRAMS
 from autotune.workload.core import Workload, WorkloadRequest
 from autotune.workload.text import DEFAULT_VOCAB_SIZE
 
@@ -45,7 +47,7 @@ _FLUSH_RETRIES = 2
 # The engine core's histograms a probe's figures read (observe.EngineSums); vLLM records a
 # step's outputs just after the API server has handed them out, so the scrape after a probe
 # waits for the counts to reach what the client received (docs/calibrate.md#2-the-probe-suite).
-_ITL = "vllm:inter_token_latency_seconds"
+_ITL = HISTOGRAMS["itl"]
 _PREFILL = "vllm:request_prefill_time_seconds"
 _SCRAPE_TIMEOUT_S = 10.0
 _SETTLE_TRIES = 10
@@ -57,16 +59,17 @@ def engine_delta(before: Snapshot | None, after: Snapshot | None) -> EngineSums 
     when the server exposes neither histogram (an older or foreign server)."""
     if before is None or after is None:
         return None
-    sums: list[float] = []
-    for name in (_ITL, _PREFILL):
-        a, b = after.histograms.get(name), before.histograms.get(name)
-        if a is None:
-            sums += [0.0, 0.0]
-            continue
-        sums += [a.sum - (b.sum if b else 0.0), a.count - (b.count if b else 0.0)]
-    if _ITL not in after.histograms and _PREFILL not in after.histograms:
+    itl, prefill = (
+        HistogramDelta.between(before.histograms.get(name), after.histograms[name])
+        if name in after.histograms
+        else None
+        for name in (_ITL, _PREFILL)
+    )
+    if itl is None and prefill is None:
         return None
-    return EngineSums(*sums)
+    none = HistogramDelta((), 0.0, 0.0)
+    itl, prefill = itl or none, prefill or none
+    return EngineSums(itl.sum, itl.count, prefill.sum, prefill.count)
 
 
 @dataclass(frozen=True)

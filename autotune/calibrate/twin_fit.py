@@ -245,7 +245,7 @@ def _fit(
     # The probes' figures are piecewise in the constants (a request that arrives just after a
     # step starts waits a whole step), so a damped Gauss-Newton run can stop in a local
     # dip: start it from the base and from a few seeded points around it, keep the best.
-    # The errors (about six evaluations per constant) only for the best start.
+    # The errors (four evaluations per constant, robust_fit) only for the best start.
     rng = np.random.default_rng(0)
     sigma = np.full(x0.size, PRIOR_SIGMA)
     fits = [
