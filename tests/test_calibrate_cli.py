@@ -93,7 +93,7 @@ def test_calibrate_probes_a_live_server_and_writes_a_profile_that_predicts_it(
         name: next(o.value for o in obs if o.metric == "itl")
         for name, obs in (("truth", held_out), ("fitted", fitted), ("base", base))
     }
-    assert abs(itl["fitted"] / itl["truth"] - 1) < 0.1
+    assert abs(itl["fitted"] / itl["truth"] - 1) < 0.1, (itl, held_out, done.stdout)
     assert abs(itl["fitted"] - itl["truth"]) < abs(itl["base"] - itl["truth"])
 
 

@@ -5,6 +5,7 @@ twin fit recovering constants a simulator run with noise was made with
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,6 +80,38 @@ def test_the_prior_holds_a_constant_the_data_cannot_see() -> None:
     assert fit.x[0] == pytest.approx(3.0, abs=0.01)
     assert fit.x[1] == pytest.approx(1.5, abs=0.01)
     assert fit.stderr[1] == pytest.approx(0.7, rel=0.01)  # the prior's width: not pinned
+
+
+def test_a_time_limited_fit_keeps_its_errors_inside_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The limit covers the errors (four evaluations per parameter) and a later call's
+    reserve, not only the iterations: a fake CPU clock that every evaluation advances by 1 s
+    counts what the fit spent."""
+    clock = [0.0]
+    monkeypatch.setattr("autotune.calibrate.robust.time.process_time", lambda: clock[0])
+
+    def residual(p: np.ndarray) -> np.ndarray:  # Rosenbrock's valley: many small steps
+        clock[0] += 1.0
+        return np.array([10.0 * (p[1] - p[0] ** 2), 1.0 - p[0]])
+
+    kw: dict[str, Any] = {
+        "prior_mean": np.zeros(2),
+        "prior_sigma": np.full(2, 100.0),
+        "max_iter": 200,
+        "tol": 1e-12,
+    }
+    start = np.array([-1.2, 1.0])
+    robust_fit(residual, start, **kw)
+    unlimited = clock[0]
+    for limit in (15.0, 30.0):
+        clock[0] = 0.0
+        fit = robust_fit(residual, start, time_limit_s=limit, **kw)
+        assert clock[0] <= limit and np.isfinite(fit.stderr).all(), (limit, clock[0])
+        clock[0] = 0.0
+        robust_fit(residual, start, time_limit_s=limit, errors=False, reserve_evals=8, **kw)
+        assert clock[0] <= limit - 8, (limit, clock[0])
+    assert unlimited > 40.0, unlimited  # the limits cut the same fit short
 
 
 def test_observe_reduces_each_probe_to_its_figures() -> None:

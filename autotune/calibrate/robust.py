@@ -65,6 +65,7 @@ def robust_fit(
     tol: float = 1e-4,
     time_limit_s: float | None = None,
     errors: bool = True,
+    reserve_evals: int = 0,
 ) -> RobustFit:
     """Minimize ``sum(soft_l1(r / noise)) / 2 + sum(((x - mu) / prior_sigma)^2) / 2``.
 
@@ -74,8 +75,10 @@ def robust_fit(
     measurement pulls the fit much less than in plain least squares. The Jacobian is a
     forward difference of ``diff_step`` in each parameter (the residual function may be
     piecewise, e.g. a simulator's discrete steps, so the step is not tiny). Each iteration
-    reweights (IRLS) and takes a damped Gauss-Newton step; no new iteration starts once
-    ``time_limit_s`` of CPU are spent (the result is then the best point so far).
+    reweights (IRLS) and takes a damped Gauss-Newton step; no new iteration starts when
+    it, the errors and ``reserve_evals`` more evaluations (a later call's errors) would not
+    fit in ``time_limit_s`` of CPU at the evaluations' mean cost so far (the result is then
+    the best point so far), so the whole fit stays within the limit.
 
     The standard errors come from the posterior's curvature (a central difference of
     ``cov_step`` each way) with the noise re-estimated from the residuals at the solution,
@@ -90,7 +93,10 @@ def robust_fit(
     mu = np.asarray(prior_mean, dtype=float)
     prec = 1.0 / np.asarray(prior_sigma, dtype=float) ** 2
 
+    evals = [0]
+
     def evaluate(v: Vector) -> tuple[Vector, float]:
+        evals[0] += 1
         u = np.asarray(residual(v), dtype=float) / noise
         return u, _loss(u, f_scale) + 0.5 * float(np.sum(prec * (v - mu) ** 2))
 
@@ -102,11 +108,14 @@ def robust_fit(
             jac[:, j] = (evaluate(vj)[0] - u) / diff_step
         return jac
 
+    t0 = time.process_time()
     u, cost = evaluate(x)
     lam = 1e-2
-    t0 = time.process_time()
+    # an iteration is a Jacobian and about two trial steps; the errors, four per parameter
+    ahead = x.size + 2 + (4 * x.size if errors else 0) + reserve_evals
     for _ in range(max_iter):
-        if time_limit_s is not None and time.process_time() - t0 > time_limit_s:
+        spent = time.process_time() - t0
+        if time_limit_s is not None and spent + spent / evals[0] * ahead > time_limit_s:
             break
         jac = jacobian(x, u)
         w = _weights(u, f_scale)

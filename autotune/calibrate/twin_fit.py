@@ -149,9 +149,9 @@ def fit_twin(
     other overrides are kept). ``starts`` runs of the fit from seeded points around it, the
     best kept. Raises ValueError when nothing was measured or a fitted constant is 0 on the
     base (its log has no start). ``warm``: constants to begin at (an earlier fit's), the
-    prior staying on ``start``. ``time_limit_s``: CPU seconds for each run of the fit.
-    With the engine core's own figures among ``measured`` the fit runs in two stages, twice
-    (below); ``Calibration.fit`` is then the API server's last stage.
+    prior staying on ``start``. ``time_limit_s``: CPU seconds for each run of the fit, its
+    errors included. With the engine core's own figures among ``measured`` the fit runs in two
+    stages, twice (below); ``Calibration.fit`` is then the API server's last stage.
     """
     if not measured:
         raise ValueError("no probe measured anything: nothing to fit")
@@ -257,6 +257,7 @@ def _fit(
             max_iter=max_iter,
             time_limit_s=time_limit_s,
             errors=False,
+            reserve_evals=4 * x0.size,  # the best start's errors, below
         )
         for k in range(starts)
     ]

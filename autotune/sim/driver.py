@@ -30,6 +30,11 @@ __all__ = ["EngineDriver", "Stream", "metrics_for"]
 
 log = logging.getLogger(__name__)
 
+# How far behind its previous step's end a busy engine may wake and still start its next step
+# there (engine seconds): this process's own wake-up lag is not the modelled engine's, and
+# a longer one is this host starving the server (docs/simulator.md#5-metrics-and-logs).
+CATCH_UP_S = 0.02
+
 # What a stream's queue carries per step: the new token ids and the finish reason
 # (None while the request runs; "error" when the engine died).
 Delivery = tuple[list[int], str | None]
@@ -107,6 +112,7 @@ class EngineDriver:
         self._handing: set[asyncio.TimerHandle] = set()
         self._stats_task: asyncio.Task[None] | None = None
         self._window = [0, 0]  # prompt / generation tokens since the last stats line
+        self._last_end = 0.0  # engine time the previous step ended
         self.engine_error: BaseException | None = None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -183,6 +189,9 @@ class EngineDriver:
                         self._pending.remove(s)
                 self._aborts.clear()
                 now = self.clock.now()
+                if sched.has_work and now - self._last_end < CATCH_UP_S:
+                    # the next step starts where the last one ended (CATCH_UP_S)
+                    now = self._last_end
                 ready = [s for s in self._pending if s.ready <= now]
                 for s in ready:
                     sr = SimRequest(
@@ -212,6 +221,7 @@ class EngineDriver:
                     "prefix_queries": sched.prefix_queries - q0,
                     "prefix_hits": sched.prefix_hits - h0,
                 }
+                self._last_end = end
                 await self.clock.sleep_until(end)
                 # vLLM counts a request's whole prompt, cached tokens included, in the step
                 # that emits its first token (tests/data/captures/prompt_tokens_cached.txt)
