@@ -4,15 +4,18 @@
    section 8) and serves it with the calibration config.
 2. ``autotune calibrate``'s probe suite against that server, and the fit (base profile ``CPU``).
 3. For the calibration config and each held-out config (other ``max_num_seqs``,
-   ``max_num_batched_tokens`` and ``max_model_len``), one fresh server: its capacity measured
-   with a burst (every request at t = 0; output tok/s and req/s at saturation), then Poisson
-   loads at 50 % and 85 % of that capacity, ``--repeats`` times each, interleaved
-   (50, 85, 85, 50, 50, 85, ...). The same requests, arrivals and engine args are replayed on
-   three predictors: the calibrated twin, the uncalibrated simulator (``CPU``) and a constant
-   (the calibration config's own median figures at the same load share).
+   ``max_num_batched_tokens`` and ``max_model_len``), one fresh server and ``--repeats``
+   rounds of: its capacity measured with a burst (every request at t = 0; output tok/s and
+   req/s at saturation), then Poisson loads at 50 % and 85 % of the first burst's capacity,
+   their order alternating (burst, 50, 85, burst, 85, 50, ...). Each run has prompts of its
+   own (the same lengths and arrivals): vLLM caches prefixes, and a repeated prompt would
+   fake a fast prefill. The same requests, arrivals and engine args are replayed on three
+   predictors: the calibrated twin, the uncalibrated simulator (``CPU``) and a constant (the
+   calibration config's own median figures at the same load share).
 4. Errors are against the median of the repeats; a point's noise band is its repeats' spread
    ((max - min) / median). Throughput errors are on the capacities (a load below capacity
-   serves what is offered, which any predictor gets right); the loads' output tok/s are
+   serves what is offered, which any predictor gets right), and the capacity's band is its
+   bursts' spread (``capacity`` in ``noise_band_by_metric_pct``); the loads' output tok/s are
    printed beside them.
 
 Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N]
@@ -63,9 +66,10 @@ SHARES = (0.5, 0.85)
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
 
 
-def requests(n: int, rate: float | None, seed: int) -> Workload:
+def requests(n: int, rate: float | None, seed: int, run: int = 0) -> Workload:
     """``n`` requests of 64-256 prompt and 32-96 output tokens, Poisson at ``rate`` (None:
-    all at t = 0)."""
+    all at t = 0). ``run`` changes only the request ids, from which the prompts derive: a
+    repeat has the same lengths and arrivals and no prefix-cache hit on an earlier run."""
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, n) if rate else np.zeros(n)
     t = np.cumsum(gaps) - (gaps[0] if rate else 0.0)
@@ -75,7 +79,7 @@ def requests(n: int, rate: float | None, seed: int) -> Workload:
                 int(rng.integers(64, 257)),
                 int(rng.integers(32, 97)),
                 arrival=float(t[i]),
-                request_id=f"r{seed}-{i}",
+                request_id=f"r{seed}-{run}-{i}",
             )
             for i in range(n)
         ],
@@ -160,19 +164,25 @@ def main() -> None:
                     print(f"  {section}.{name} = {v:.4g} ± {cal.stderr[(section, name)]:.2g}")
                 for o in live.suite.observations:  # what the probes measured
                     print(f"  probe {o.probe} {o.metric} {o.value * 1e3:.2f} ms")
-            burst = requests(burst_n, None, 100 + i)
-            cap = asyncio.run(measure(srv.url, burst))
-            row: dict[str, Any] = {"engine_args": ea, "capacity": cap, "burst": burst, "loads": {}}
-            order = [s for k in range(repeats) for s in (SHARES if k % 2 == 0 else SHARES[::-1])]
-            for k, share in enumerate(order):
-                rate = share * cap["request_throughput"]
-                wl = requests(max(20, int(rate * load_s)), rate, 200 + i * 10 + SHARES.index(share))
-                m = asyncio.run(measure(srv.url, wl))
-                row["loads"].setdefault(str(share), {"rate": rate, "wl": wl, "runs": []})
-                row["loads"][str(share)]["runs"].append(m)
-                print(f"{label} {ea} share {share} run {k}: {json.dumps(m)}", flush=True)
+            # each repeat: a burst for the capacity, then the two loads (their order
+            # alternating); the loads' rates are shares of the first burst's capacity
+            row: dict[str, Any] = {"engine_args": ea, "caps": [], "loads": {}}
+            for k in range(repeats):
+                row["burst"] = burst = requests(burst_n, None, 100 + i, run=k)
+                cap = asyncio.run(measure(srv.url, burst))
+                row["caps"].append(cap)
+                print(f"{label} {ea} burst run {k}: {json.dumps(cap)}", flush=True)
+                for share in SHARES if k % 2 == 0 else SHARES[::-1]:
+                    rate = share * row["caps"][0]["request_throughput"]
+                    n = max(20, int(rate * load_s))
+                    wl = requests(n, rate, 200 + i * 10 + SHARES.index(share), run=k)
+                    m = asyncio.run(measure(srv.url, wl))
+                    row["loads"].setdefault(str(share), {"rate": rate, "wl": wl, "runs": []})
+                    row["loads"][str(share)]["runs"].append(m)
+                    print(f"{label} {ea} share {share} run {k}: {json.dumps(m)}", flush=True)
         finally:
             srv.stop()
+        row["capacity"] = {k: statistics.median(c[k] for c in row["caps"]) for k in row["caps"][0]}
         rows[label] = row
     assert twin is not None
     report(rows, model, base, twin, held, time.monotonic() - t0)
@@ -188,6 +198,11 @@ def report(
     for label, row in rows.items():
         ea = row["engine_args"]
         burst = row["burst"]
+        caps = [c["output_throughput"] for c in row["caps"]]
+        if len(caps) > 1:  # the capacity's own band: its bursts' spread
+            spreads.setdefault("capacity", []).append(
+                (max(caps) - min(caps)) / statistics.median(caps) * 100
+            )
         for p, hw in (("twin", twin), ("sim", base)):
             cap_pred = predicted(model, hw, ea, burst)["output_throughput"]
             e = err(cap_pred, row["capacity"]["output_throughput"])
