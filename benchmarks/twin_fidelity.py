@@ -122,6 +122,13 @@ def err(p: float, m: float) -> float:
     return abs(p / m - 1.0) * 100.0 if m > 0 else float("nan")
 
 
+def spread(vals: list[float]) -> float | None:
+    """A point's noise band: its repeats' (max - min) / median, %; None without two repeats
+    or with a median of 0."""
+    med = statistics.median(vals) if vals else 0.0
+    return (max(vals) - min(vals)) / med * 100 if len(vals) > 1 and med > 0 else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -198,11 +205,10 @@ def report(
     for label, row in rows.items():
         ea = row["engine_args"]
         burst = row["burst"]
-        caps = [c["output_throughput"] for c in row["caps"]]
-        if len(caps) > 1:  # the capacity's own band: its bursts' spread
-            spreads.setdefault("capacity", []).append(
-                (max(caps) - min(caps)) / statistics.median(caps) * 100
-            )
+        # the capacity's own band: its bursts' spread
+        band = spread([c["output_throughput"] for c in row["caps"]])
+        if band is not None:
+            spreads.setdefault("capacity", []).append(band)
         for p, hw in (("twin", twin), ("sim", base)):
             cap_pred = predicted(model, hw, ea, burst)["output_throughput"]
             e = err(cap_pred, row["capacity"]["output_throughput"])
@@ -218,9 +224,9 @@ def report(
             runs = load["runs"]
             med = {k: statistics.median(r[k] for r in runs) for k in METRICS}
             for k in METRICS:
-                vals = [r[k] for r in runs]
-                if len(vals) > 1 and med[k] > 0:
-                    spreads.setdefault(k, []).append((max(vals) - min(vals)) / med[k] * 100)
+                band = spread([r[k] for r in runs])
+                if band is not None:
+                    spreads.setdefault(k, []).append(band)
             preds = {
                 "twin": predicted(model, twin, ea, load["wl"]),
                 "sim": predicted(model, base, ea, load["wl"]),
