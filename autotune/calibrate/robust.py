@@ -78,7 +78,9 @@ def robust_fit(
     reweights (IRLS) and takes a damped Gauss-Newton step; no new iteration starts when
     it, the errors and ``reserve_evals`` more evaluations (a later call's errors) would not
     fit in ``time_limit_s`` of CPU at the evaluations' mean cost so far (the result is then
-    the best point so far), so the whole fit stays within the limit.
+    the best point so far), so the whole fit stays within the limit, except that the first
+    iteration always runs: where one iteration and the errors cost more than the limit, the
+    fit takes that long.
 
     The standard errors come from the posterior's curvature (a central difference of
     ``cov_step`` each way) with the noise re-estimated from the residuals at the solution,
@@ -113,9 +115,10 @@ def robust_fit(
     lam = 1e-2
     # an iteration is a Jacobian and about two trial steps; the errors, four per parameter
     ahead = x.size + 2 + (4 * x.size if errors else 0) + reserve_evals
-    for _ in range(max_iter):
+    for it in range(max_iter):
         spent = time.process_time() - t0
-        if time_limit_s is not None and spent + spent / evals[0] * ahead > time_limit_s:
+        # the first iteration always runs: a fit that never moves from its start is no fit
+        if it and time_limit_s is not None and spent + spent / evals[0] * ahead > time_limit_s:
             break
         jac = jacobian(x, u)
         w = _weights(u, f_scale)
