@@ -63,7 +63,7 @@ from autotune.tuning.study_attrs import stored_twin
 from autotune.workload.build import workload_sample
 
 # levels of 20 s and 60 requests (real_study's full plan: 30 s, 100): twenty-odd capacity
-# searches must fit in an hour on this host; a lattice of 25 % steps from 1 to 12 req/s
+# searches must fit in an hour on this host; a lattice of 25 % steps from 1 to 8 req/s
 FULL = Plan(
     n_trials=12, repeats=3, runs=0, min_level_s=20.0, min_level_requests=60, resolution=0.25
 )
