@@ -54,9 +54,8 @@ from autotune.report.recommend import recommend
 from autotune.report.twin_summary import twin_lines
 from autotune.store import Store
 from autotune.tuning.measure.cost import study_cost
-from autotune.tuning.measure.level_plan import LevelPlan, measure
 from autotune.tuning.measure.runner_factory import make_runner
-from autotune.tuning.measure.validation_run import CLIMB
+from autotune.tuning.measure.validate import measure_run, single_run
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.study_attrs import stored_twin
@@ -126,27 +125,16 @@ def study(cfg: StudyConfig, text: str, db: Path) -> dict[str, Any]:
 
 
 def remeasure(cfg: StudyConfig, args: dict[str, Any], k: int, work: Path, stride: int) -> float:
-    """One capacity search of ``args`` on sample ``k`` on a fresh server, over every
-    ``stride``-th point of the study's lattice (2: the validation phase's run lattice,
-    docs/tuning.md#7-validation; 1: the study's own): output tok/s at the capacity."""
+    """One validation run of ``args`` (a capacity search, the over-length limit left out) on
+    sample ``k`` on a fresh server, over every ``stride``-th point of the study's lattice (2:
+    the validation phase's run lattice, docs/tuning.md#7-validation; 1: the study's own):
+    output tok/s at the capacity."""
     model, hw = get_model(cfg.model.name), get_hardware(cfg.hardware)
     wl, _ = workload_sample(cfg, SAMPLE_SEEDS + k, vocab_size=model.vocab_size)
     runner = make_runner(cfg, model, hw, work, check_lengths=False)
-    plan = LevelPlan.of(cfg, stride=stride)
-    # the over-length limit is left out, as in a validation run (nothing here is cut)
-    plan = dataclasses.replace(plan, slo=dataclasses.replace(plan.slo, max_overlength_rate=1.0))
-
-    async def run() -> float:
-        await runner.start(args, f"re-{k}")
-        try:
-            m = await measure(runner, wl, plan, climb=CLIMB)
-        finally:
-            await runner.stop()
-        cap = m.capacity.scale if m.capacity is not None else None
-        at = [lv for lv in m.scores if lv.feasible and cap is not None and lv.scale == cap]
-        return at[0].output_throughput if at else 0.0
-
-    return asyncio.run(run())
+    run = single_run(cfg, args)
+    res = asyncio.run(measure_run(cfg, runner, wl, run, f"re-{k}", stride=stride))
+    return float(res.objective or 0.0)
 
 
 def main() -> None:

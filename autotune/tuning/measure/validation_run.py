@@ -87,6 +87,7 @@ async def measure_run(
     *,
     started: bool = False,
     keep: bool = False,
+    stride: int = RUN_STEPS,
 ) -> RepeatRecord:
     """``run`` (its config) measured on one workload sample with the trials' protocol, except
     that the over-length limit is left to the pooled judgement (docs/tuning.md#7-validation):
@@ -97,8 +98,9 @@ async def measure_run(
     runner's worker already serves this config (kept from the run before); ``keep``: leave
     it running for the next run of the block when it is healthy and can
     (docs/tuning.md#7-validation, "One worker for a block of runs"), this run charged its
-    cost so far."""
-    return (await measure_block_run(cfg, runner, wl, run, name, hint, started, keep))[0]
+    cost so far. ``stride``: the search steps over every ``stride``-th point of the study's
+    lattice (the phase's run lattice; 1: the study's own, for a benchmark's re-measurement)."""
+    return (await measure_block_run(cfg, runner, wl, run, name, hint, started, keep, stride))[0]
 
 
 async def measure_block_run(
@@ -110,9 +112,10 @@ async def measure_block_run(
     hint: float | None,
     started: bool,
     keep: bool,
+    stride: int = RUN_STEPS,
 ) -> tuple[RepeatRecord, bool]:
     """:func:`measure_run`, and whether the worker was kept running."""
-    plan = LevelPlan.of(cfg, stride=RUN_STEPS)
+    plan = LevelPlan.of(cfg, stride=stride)
     slo = plan.slo
     plan = dataclasses.replace(plan, slo=dataclasses.replace(slo, max_overlength_rate=1.0))
     if not started:
