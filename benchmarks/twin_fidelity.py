@@ -4,10 +4,12 @@
    section 8) and serves it with the calibration config.
 2. ``autotune calibrate``'s probe suite against that server, and the fit (base profile ``CPU``).
 3. For the calibration config and each held-out config (other ``max_num_seqs``,
-   ``max_num_batched_tokens`` and ``max_model_len``), one fresh server and ``--repeats``
-   rounds of: its capacity measured with a burst (every request at t = 0; output tok/s and
-   req/s at saturation), then Poisson loads at 50 % and 85 % of the first burst's capacity,
-   their order alternating (burst, 50, 85, burst, 85, 50, ...). Each run has prompts of its
+   ``max_num_batched_tokens`` and ``max_model_len``), ``--repeats`` rounds, each on a fresh
+   server of its own, the configs interleaved (round 2 in reverse order): its capacity
+   measured with a burst (every request at t = 0; output tok/s and req/s at saturation),
+   then Poisson loads at 50 % and 85 % of the first round's burst capacity, their order
+   alternating between rounds (50, 85 / 85, 50). The calibration runs on the first
+   round's server of the calibration config. Each run has prompts of its
    own (the same lengths and arrivals): vLLM caches prefixes, and a repeated prompt would
    fake a fast prefill. The same requests, arrivals and engine args are replayed on three
    predictors: the calibrated twin, the uncalibrated simulator (``CPU``) and a constant (the
@@ -16,12 +18,15 @@
    ((max - min) / median). Throughput errors are on the capacities (a load below capacity
    serves what is offered, which any predictor gets right), and the capacity's band is its
    bursts' spread (``capacity`` in ``noise_band_by_metric_pct``); the loads' output tok/s are
-   printed beside them.
+   printed beside them. Beside the client's TTFT and TPOT, ``engine_itl_ms``: the mean gap
+   between tokens by the engine core's own clock (the server's ``/metrics`` histogram, the
+   simulated engine's for the predictors), which the API server's and the client's delays on
+   this host's shared cores do not reach.
 
 Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N]
 Ends with one JSON line: ``heldout_throughput_err_pct_max``, ``heldout_p50_ttft_err_pct_max``,
-``heldout_p50_tpot_err_pct_max``, ``noise_band_pct``, ``constant_predictor_err_pct_max`` and
-the per-predictor, per-point figures.
+``heldout_p50_tpot_err_pct_max``, ``heldout_engine_itl_err_pct_max``, ``noise_band_pct``,
+``constant_predictor_err_pct_max`` and the per-predictor, per-point figures.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_study import ENV, Server, build_model, find_venv
 
-from autotune.calibrate.server_fit import calibrate_live
+from autotune.calibrate.server_fit import calibrate_live, write_profile
 from autotune.config import parse_config
 from autotune.loadgen import LoadOptions, make_session, probe_server, run_load
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
@@ -63,7 +69,18 @@ HELD_OUT = [
     {"max_model_len": 512, "max_num_seqs": 16, "max_num_batched_tokens": 512},
 ]
 SHARES = (0.5, 0.85)
-METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
+HEADLINE = ("capacity", "median_ttft_ms", "median_tpot_ms", "engine_itl_ms")
+METRICS = (
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "engine_itl_ms",
+)
+# the engine core's mean gap between a request's tokens, from its own timestamps: the API
+# server's and the client's delays on this host's shared cores do not reach it
+ITL = "vllm:inter_token_latency_seconds"
 
 
 def requests(n: int, rate: float | None, seed: int, run: int = 0) -> Workload:
@@ -100,22 +117,39 @@ def serve(venv: Path, model: Path, ea: dict[str, Any], workdir: Path) -> Server:
     return Server(argv, cfg, workdir)
 
 
+def itl_sums(url: str) -> tuple[float, float]:
+    """The server's inter-token-latency histogram: (sum in seconds, count)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    sums = [0.0, 0.0]
+    for line in text.splitlines():
+        for j, suffix in enumerate(("_sum", "_count")):
+            if line.startswith(ITL + suffix):
+                sums[j] += float(line.split()[-1])
+    return sums[0], sums[1]
+
+
 async def measure(url: str, wl: Workload) -> dict[str, float]:
     info = await probe_server(url)
+    before = itl_sums(url)
     async with make_session() as session:
         tokens = await server_tokens(session, info)
         sent = await prepare_for_server(
             wl, tokens, endpoint="completions", vocab_size=info.vocab_size or 2000
         )
     res = await run_load(url, sent.requests, LoadOptions(model=info.model_id, drain_timeout=300))
-    s = res.summary
+    after = itl_sums(url)
+    gaps = after[1] - before[1]
+    s = {**res.summary, "engine_itl_ms": 1e3 * (after[0] - before[0]) / gaps if gaps else 0.0}
     return {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput", "completed")}
 
 
 def predicted(model: Any, hw: Any, ea: dict[str, Any], wl: Workload) -> dict[str, float]:
     args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
     lvl = replay_level(model, hw, args, wl, seed=0, jitter_cv=0.0)
-    return {k: float(lvl.summary.get(k) or 0.0) for k in (*METRICS, "request_throughput")}
+    itl = lvl.telemetry.histograms.get("itl")
+    s = {**lvl.summary, "engine_itl_ms": 1e3 * itl.sum / itl.count if itl and itl.count else 0.0}
+    return {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput")}
 
 
 def err(p: float, m: float) -> float:
@@ -155,26 +189,36 @@ def main() -> None:
     else:
         build_model(venv, model_dir)
     model, base = get_model(str(model_dir)), get_hardware("CPU")
-    rows: dict[str, Any] = {}
+    configs = [CALIBRATION, *held]
+    labels = ["calibration", *(f"held-out {i}" for i in range(1, len(configs)))]
+    rows: dict[str, Any] = {
+        label: {"engine_args": ea, "caps": [], "loads": {}}
+        for label, ea in zip(labels, configs, strict=True)
+    }
     twin = None
-    for i, ea in enumerate([CALIBRATION, *held]):
-        label = "calibration" if i == 0 else f"held-out {i}"
-        srv = serve(venv, model_dir, ea, work / f"w{i}")
-        try:
-            if i == 0:
-                args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
-                live = asyncio.run(calibrate_live(srv.url, model, base, args))
-                twin = twin_hardware(live.calibration.spec(), "twin")
-                cal = live.calibration
-                print(f"calibrated in {live.suite.wall_s:.0f} s: {cal.residual_pct}")
-                for (section, name), v in cal.values.items():
-                    print(f"  {section}.{name} = {v:.4g} ± {cal.stderr[(section, name)]:.2g}")
-                for o in live.suite.observations:  # what the probes measured
-                    print(f"  probe {o.probe} {o.metric} {o.value * 1e3:.2f} ms")
-            # each repeat: a burst for the capacity, then the two loads (their order
-            # alternating); the loads' rates are shares of the first burst's capacity
-            row: dict[str, Any] = {"engine_args": ea, "caps": [], "loads": {}}
-            for k in range(repeats):
+    # A repeat is a fresh server, the configs interleaved (the order reversed every other
+    # round, so a drift of the host lands on every config alike): a re-measurement of a
+    # config starts its own server, and fresh servers of one config differ by more than
+    # one server's repeats (docs/calibrate.md#5-prediction-on-real-vllm).
+    for k in range(repeats):
+        order = list(enumerate(configs))
+        for i, ea in order if k % 2 == 0 else order[::-1]:
+            label, row = labels[i], rows[labels[i]]
+            srv = serve(venv, model_dir, ea, work / f"w{i}-{k}")
+            try:
+                if twin is None and i == 0:
+                    args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
+                    live = asyncio.run(calibrate_live(srv.url, model, base, args))
+                    twin = twin_hardware(live.calibration.spec(), "twin")
+                    cal = live.calibration
+                    saved = write_profile(live.spec, work / "twin.yaml")
+                    print(f"calibrated in {live.suite.wall_s:.0f} s: {cal.residual_pct}; {saved}")
+                    for (section, name), v in cal.values.items():
+                        print(f"  {section}.{name} = {v:.4g} ± {cal.stderr[(section, name)]:.2g}")
+                    for o in live.suite.observations:  # what the probes measured
+                        print(f"  probe {o.probe} {o.metric} {o.value * 1e3:.2f} ms")
+                # a burst for the capacity, then the two loads (their order alternating);
+                # the loads' rates are shares of the first round's burst capacity
                 row["burst"] = burst = requests(burst_n, None, 100 + i, run=k)
                 cap = asyncio.run(measure(srv.url, burst))
                 row["caps"].append(cap)
@@ -187,10 +231,22 @@ def main() -> None:
                     row["loads"].setdefault(str(share), {"rate": rate, "wl": wl, "runs": []})
                     row["loads"][str(share)]["runs"].append(m)
                     print(f"{label} {ea} share {share} run {k}: {json.dumps(m)}", flush=True)
-        finally:
-            srv.stop()
+            finally:
+                srv.stop()
+    for row in rows.values():
         row["capacity"] = {k: statistics.median(c[k] for c in row["caps"]) for k in row["caps"][0]}
-        rows[label] = row
+    # the measurements, for refitting or re-predicting offline (the workloads follow from
+    # their seeds, requests() above)
+    kept = {
+        label: {
+            "engine_args": row["engine_args"],
+            "caps": row["caps"],
+            "loads": {s: {"rate": v["rate"], "runs": v["runs"]} for s, v in row["loads"].items()},
+        }
+        for label, row in rows.items()
+    }
+    (work / "measured.json").write_text(json.dumps(kept, indent=1))
+    print(f"measurements: {work / 'measured.json'}", flush=True)
     assert twin is not None
     report(rows, model, base, twin, held, time.monotonic() - t0)
 
@@ -261,14 +317,11 @@ def report(
         "heldout_throughput_err_pct_max": mx("twin", "capacity"),
         "heldout_p50_ttft_err_pct_max": mx("twin", "median_ttft_ms"),
         "heldout_p50_tpot_err_pct_max": mx("twin", "median_tpot_ms"),
+        "heldout_engine_itl_err_pct_max": mx("twin", "engine_itl_ms"),
         "noise_band_pct": max(noise.values()) if noise else None,
         "noise_band_by_metric_pct": noise,
-        "constant_predictor_err_pct_max": {
-            k: mx("constant", k) for k in ("capacity", "median_ttft_ms", "median_tpot_ms")
-        },
-        "uncalibrated_err_pct_max": {
-            k: mx("sim", k) for k in ("capacity", "median_ttft_ms", "median_tpot_ms")
-        },
+        "constant_predictor_err_pct_max": {k: mx("constant", k) for k in HEADLINE},
+        "uncalibrated_err_pct_max": {k: mx("sim", k) for k in HEADLINE},
         "twin_err_pct_max": {k: mx("twin", k) for k in errs["twin"]},
         "heldout_configs": len(held),
         "wall_s": round(wall, 1),

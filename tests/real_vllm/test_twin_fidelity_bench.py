@@ -23,6 +23,7 @@ KEYS = {
     "heldout_throughput_err_pct_max",
     "heldout_p50_ttft_err_pct_max",
     "heldout_p50_tpot_err_pct_max",
+    "heldout_engine_itl_err_pct_max",
     "noise_band_pct",
     "constant_predictor_err_pct_max",
     "uncalibrated_err_pct_max",
@@ -46,3 +47,4 @@ def test_twin_fidelity_quick_completes_and_prints_its_keys(vllm_venv: Path) -> N
     assert set(out) >= KEYS, sorted(KEYS - set(out))
     assert out["heldout_configs"] == 1
     assert out["heldout_throughput_err_pct_max"] is not None  # a capacity was measured
+    assert out["heldout_engine_itl_err_pct_max"] is not None  # the server's own gaps were read
