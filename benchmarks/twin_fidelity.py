@@ -23,7 +23,7 @@
    simulated engine's for the predictors), which the API server's and the client's delays on
    this host's shared cores do not reach.
 
-Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N]
+Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N] [--calibrate-on N]
 Ends with one JSON line: ``heldout_throughput_err_pct_max``, ``heldout_p50_ttft_err_pct_max``,
 ``heldout_p50_tpot_err_pct_max``, ``heldout_engine_itl_err_pct_max``, ``noise_band_pct``,
 ``constant_predictor_err_pct_max`` and the per-predictor, per-point figures.
@@ -168,9 +168,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--venv")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--calibrate-on",
+        type=int,
+        default=0,
+        help="calibrate on held-out config N (1-6) instead, the default calibration config "
+        "taking its place among the held-out",
+    )
     a = ap.parse_args()
     venv = find_venv(a.venv)
-    held = HELD_OUT[:1] if a.quick else HELD_OUT
+    calibration, held = CALIBRATION, list(HELD_OUT)
+    if a.calibrate_on:
+        calibration, held[a.calibrate_on - 1] = held[a.calibrate_on - 1], calibration
+    held = held[:1] if a.quick else held
     repeats = 1 if a.quick else a.repeats
     burst_n, load_s = (16, 5.0) if a.quick else (96, 25.0)
     t0 = time.monotonic()
@@ -189,7 +199,7 @@ def main() -> None:
     else:
         build_model(venv, model_dir)
     model, base = get_model(str(model_dir)), get_hardware("CPU")
-    configs = [CALIBRATION, *held]
+    configs = [calibration, *held]
     labels = ["calibration", *(f"held-out {i}" for i in range(1, len(configs)))]
     rows: dict[str, Any] = {
         label: {"engine_args": ea, "caps": [], "loads": {}}
