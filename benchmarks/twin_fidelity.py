@@ -38,7 +38,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_study import ENV, Server, build_model, find_venv
 
+from autotune.calibrate.live import engine_delta
 from autotune.calibrate.server_fit import calibrate_live, write_profile
 from autotune.config import parse_config
 from autotune.loadgen import LoadOptions, make_session, probe_server, run_load
@@ -56,6 +56,7 @@ from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import EngineArgs, replay_level, twin_hardware
+from autotune.telemetry.scrape import scrape
 from autotune.workload.core import Workload, WorkloadRequest
 
 KV_BYTES = 268435456
@@ -78,9 +79,6 @@ METRICS = (
     "p99_tpot_ms",
     "engine_itl_ms",
 )
-# the engine core's mean gap between a request's tokens, from its own timestamps: the API
-# server's and the client's delays on this host's shared cores do not reach it
-ITL = "vllm:inter_token_latency_seconds"
 
 
 def requests(n: int, rate: float | None, seed: int, run: int = 0) -> Workload:
@@ -117,30 +115,21 @@ def serve(venv: Path, model: Path, ea: dict[str, Any], workdir: Path) -> Server:
     return Server(argv, cfg, workdir)
 
 
-def itl_sums(url: str) -> tuple[float, float]:
-    """The server's inter-token-latency histogram: (sum in seconds, count)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    sums = [0.0, 0.0]
-    for line in text.splitlines():
-        for j, suffix in enumerate(("_sum", "_count")):
-            if line.startswith(ITL + suffix):
-                sums[j] += float(line.split()[-1])
-    return sums[0], sums[1]
-
-
 async def measure(url: str, wl: Workload) -> dict[str, float]:
     info = await probe_server(url)
-    before = itl_sums(url)
+    metrics = url.rstrip("/") + "/metrics"
     async with make_session() as session:
+        before = await scrape(session, metrics, 10.0)
         tokens = await server_tokens(session, info)
         sent = await prepare_for_server(
             wl, tokens, endpoint="completions", vocab_size=info.vocab_size or 2000
         )
-    res = await run_load(url, sent.requests, LoadOptions(model=info.model_id, drain_timeout=300))
-    after = itl_sums(url)
-    gaps = after[1] - before[1]
-    s = {**res.summary, "engine_itl_ms": 1e3 * (after[0] - before[0]) / gaps if gaps else 0.0}
+        res = await run_load(
+            url, sent.requests, LoadOptions(model=info.model_id, drain_timeout=300)
+        )
+        engine = engine_delta(before, await scrape(session, metrics, 10.0))
+    gaps = engine.itl_sum / engine.itl_count if engine and engine.itl_count else 0.0
+    s = {**res.summary, "engine_itl_ms": 1e3 * gaps}
     return {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput", "completed")}
 
 
@@ -172,6 +161,7 @@ def main() -> None:
         "--calibrate-on",
         type=int,
         default=0,
+        choices=range(len(HELD_OUT) + 1),
         help="calibrate on held-out config N (1-6) instead, the default calibration config "
         "taking its place among the held-out",
     )
