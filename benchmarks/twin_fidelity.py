@@ -11,9 +11,12 @@
    alternating between rounds (50, 85 / 85, 50). The calibration runs on the first
    round's server of the calibration config. Each run has prompts of its
    own (the same lengths and arrivals): vLLM caches prefixes, and a repeated prompt would
-   fake a fast prefill. The same requests, arrivals and engine args are replayed on three
+   fake a fast prefill. The same requests and engine args are replayed on three
    predictors: the calibrated twin, the uncalibrated simulator (``CPU``) and a constant (the
-   calibration config's own median figures at the same load share).
+   calibration config's own median figures at the same load share). The simulated ones
+   replay each repeat with its requests arriving when the client sent them (``as_sent``;
+   on this host the client falls behind its schedule under load and bunches its sends) and
+   predict the median of the repeats' figures.
 4. Errors are against the median of the repeats; a point's noise band is its repeats' spread
    ((max - min) / median). Throughput errors are on the capacities (a load below capacity
    serves what is offered, which any predictor gets right), and the capacity's band is its
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import sys
@@ -56,7 +60,7 @@ from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import EngineArgs, replay_level, twin_hardware
-from autotune.telemetry.scrape import scrape
+from autotune.telemetry.scrape import Snapshot, scrape
 from autotune.workload.core import Workload, WorkloadRequest
 
 KV_BYTES = 268435456
@@ -115,7 +119,10 @@ def serve(venv: Path, model: Path, ea: dict[str, Any], workdir: Path) -> Server:
     return Server(argv, cfg, workdir)
 
 
-async def measure(url: str, wl: Workload) -> dict[str, float]:
+async def scraped_run(url: str, wl: Workload) -> tuple[Any, Snapshot | None, Snapshot | None]:
+    """Run ``wl`` against ``url``; the load's result and the ``/metrics`` pages before and
+    after it (the latter half a second after the last request: vLLM records a step's stats
+    just after handing its outputs out)."""
     info = await probe_server(url)
     metrics = url.rstrip("/") + "/metrics"
     async with make_session() as session:
@@ -127,10 +134,36 @@ async def measure(url: str, wl: Workload) -> dict[str, float]:
         res = await run_load(
             url, sent.requests, LoadOptions(model=info.model_id, drain_timeout=300)
         )
-        engine = engine_delta(before, await scrape(session, metrics, 10.0))
+        await asyncio.sleep(0.5)
+        return res, before, await scrape(session, metrics, 10.0)
+
+
+async def measure(url: str, wl: Workload) -> tuple[dict[str, float], dict[str, float]]:
+    """The run's figures, and when the client sent each request (by id)."""
+    res, before, after = await scraped_run(url, wl)
+    engine = engine_delta(before, after)
     gaps = engine.itl_sum / engine.itl_count if engine and engine.itl_count else 0.0
     s = {**res.summary, "engine_itl_ms": 1e3 * gaps}
-    return {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput", "completed")}
+    figures = {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput", "completed")}
+    return figures, {r.request_id: r.sent_at for r in res.records if r.sent_at is not None}
+
+
+def as_sent(wl: Workload, sent: dict[str, float]) -> Workload:
+    """``wl`` with each request arriving when the client actually sent it. On this host the
+    load generator shares the cores with the server and falls behind its schedule under load,
+    bunching its sends (docs/calibrate.md#5-prediction-on-real-vllm): the server saw these
+    arrivals, and the client's TTFT runs from them."""
+    t0 = min(sent.values(), default=0.0)
+    return Workload(
+        [
+            WorkloadRequest(
+                r.prompt_len, r.output_len, arrival=sent[r.request_id] - t0, request_id=r.request_id
+            )
+            for r in wl.requests
+            if r.request_id in sent
+        ],
+        wl.source,
+    )
 
 
 def predicted(model: Any, hw: Any, ea: dict[str, Any], wl: Workload) -> dict[str, float]:
@@ -139,6 +172,15 @@ def predicted(model: Any, hw: Any, ea: dict[str, Any], wl: Workload) -> dict[str
     itl = lvl.telemetry.histograms.get("itl")
     s = {**lvl.summary, "engine_itl_ms": 1e3 * itl.sum / itl.count if itl and itl.count else 0.0}
     return {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput")}
+
+
+def predicted_as_sent(
+    model: Any, hw: Any, ea: dict[str, Any], runs: list[tuple[Workload, dict[str, float]]]
+) -> dict[str, float]:
+    """The median over the repeats of each figure predicted for the arrivals that repeat's
+    server saw (``as_sent``), as the measured figure is the median of the repeats."""
+    preds = [predicted(model, hw, ea, as_sent(wl, sent)) for wl, sent in runs]
+    return {k: statistics.median(p[k] for p in preds) for k in preds[0]}
 
 
 def err(p: float, m: float) -> float:
@@ -192,7 +234,7 @@ def main() -> None:
     configs = [calibration, *held]
     labels = ["calibration", *(f"held-out {i}" for i in range(1, len(configs)))]
     rows: dict[str, Any] = {
-        label: {"engine_args": ea, "caps": [], "loads": {}}
+        label: {"engine_args": ea, "caps": [], "bursts": [], "loads": {}}
         for label, ea in zip(labels, configs, strict=True)
     }
     twin = None
@@ -217,19 +259,26 @@ def main() -> None:
                         print(f"  {section}.{name} = {v:.4g} ± {cal.stderr[(section, name)]:.2g}")
                     for o in live.suite.observations:  # what the probes measured
                         print(f"  probe {o.probe} {o.metric} {o.value * 1e3:.2f} ms")
+                    # kept for refitting offline (Observation's fields)
+                    seen = [dataclasses.asdict(o) for o in live.suite.observations]
+                    (work / "probes.json").write_text(json.dumps(seen, indent=1))
                 # a burst for the capacity, then the two loads (their order alternating);
                 # the loads' rates are shares of the first round's burst capacity
-                row["burst"] = burst = requests(burst_n, None, 100 + i, run=k)
-                cap = asyncio.run(measure(srv.url, burst))
+                burst = requests(burst_n, None, 100 + i, run=k)
+                cap, sent = asyncio.run(measure(srv.url, burst))
                 row["caps"].append(cap)
+                row["bursts"].append((burst, sent))
                 print(f"{label} {ea} burst run {k}: {json.dumps(cap)}", flush=True)
                 for share in SHARES if k % 2 == 0 else SHARES[::-1]:
                     rate = share * row["caps"][0]["request_throughput"]
                     n = max(20, int(rate * load_s))
                     wl = requests(n, rate, 200 + i * 10 + SHARES.index(share), run=k)
-                    m = asyncio.run(measure(srv.url, wl))
-                    row["loads"].setdefault(str(share), {"rate": rate, "wl": wl, "runs": []})
-                    row["loads"][str(share)]["runs"].append(m)
+                    m, sent = asyncio.run(measure(srv.url, wl))
+                    load = row["loads"].setdefault(
+                        str(share), {"rate": rate, "runs": [], "sent": []}
+                    )
+                    load["runs"].append(m)
+                    load["sent"].append((wl, sent))
                     print(f"{label} {ea} share {share} run {k}: {json.dumps(m)}", flush=True)
             finally:
                 srv.stop()
@@ -241,7 +290,11 @@ def main() -> None:
         label: {
             "engine_args": row["engine_args"],
             "caps": row["caps"],
-            "loads": {s: {"rate": v["rate"], "runs": v["runs"]} for s, v in row["loads"].items()},
+            "burst_sent": [sent for _, sent in row["bursts"]],
+            "loads": {
+                s: {"rate": v["rate"], "runs": v["runs"], "sent": [t for _, t in v["sent"]]}
+                for s, v in row["loads"].items()
+            },
         }
         for label, row in rows.items()
     }
@@ -260,13 +313,12 @@ def report(
     points = []
     for label, row in rows.items():
         ea = row["engine_args"]
-        burst = row["burst"]
         # the capacity's own band: its bursts' spread
         band = spread([c["output_throughput"] for c in row["caps"]])
         if band is not None:
             spreads.setdefault("capacity", []).append(band)
         for p, hw in (("twin", twin), ("sim", base)):
-            cap_pred = predicted(model, hw, ea, burst)["output_throughput"]
+            cap_pred = predicted_as_sent(model, hw, ea, row["bursts"])["output_throughput"]
             e = err(cap_pred, row["capacity"]["output_throughput"])
             if label != "calibration":
                 errs[p].setdefault("capacity", []).append(e)
@@ -284,8 +336,8 @@ def report(
                 if band is not None:
                     spreads.setdefault(k, []).append(band)
             preds = {
-                "twin": predicted(model, twin, ea, load["wl"]),
-                "sim": predicted(model, base, ea, load["wl"]),
+                "twin": predicted_as_sent(model, twin, ea, load["sent"]),
+                "sim": predicted_as_sent(model, base, ea, load["sent"]),
                 "constant": {
                     k: statistics.median(r[k] for r in cal["loads"][share]["runs"]) for k in METRICS
                 },
