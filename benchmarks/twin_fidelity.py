@@ -179,7 +179,8 @@ def predicted_as_sent(
 ) -> dict[str, float]:
     """The median over the repeats of each figure predicted for the arrivals that repeat's
     server saw (``as_sent``), as the measured figure is the median of the repeats."""
-    preds = [predicted(model, hw, ea, as_sent(wl, sent)) for wl, sent in runs]
+    # a repeat that sent nothing (every request failed) has no arrivals: its schedule stands
+    preds = [predicted(model, hw, ea, as_sent(wl, sent) if sent else wl) for wl, sent in runs]
     return {k: statistics.median(p[k] for p in preds) for k in preds[0]}
 
 
