@@ -55,7 +55,7 @@ from real_study import ENV, Server, build_model, find_venv
 from autotune.calibrate.live import engine_delta
 from autotune.calibrate.server_fit import calibrate_live, write_profile
 from autotune.config import parse_config
-from autotune.loadgen import LoadOptions, make_session, probe_server, run_load
+from autotune.loadgen import LoadOptions, LoadResult, make_session, probe_server, run_load
 from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
@@ -85,25 +85,31 @@ METRICS = (
 )
 
 
-def requests(n: int, rate: float | None, seed: int, run: int = 0) -> Workload:
-    """``n`` requests of 64-256 prompt and 32-96 output tokens, Poisson at ``rate`` (None:
-    all at t = 0). ``run`` changes only the request ids, from which the prompts derive: a
-    repeat has the same lengths and arrivals and no prefix-cache hit on an earlier run."""
+def requests(
+    n: int,
+    rate: float | None,
+    seed: int,
+    run: int = 0,
+    *,
+    lengths: tuple[int, int] | None = None,
+) -> Workload:
+    """``n`` requests of 64-256 prompt and 32-96 output tokens (or of ``lengths``, prompt and
+    output, each), Poisson at ``rate`` (None: all at t = 0). ``run`` changes only the request
+    ids, from which the prompts derive: a repeat has the same lengths and arrivals and no
+    prefix-cache hit on an earlier run."""
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, n) if rate else np.zeros(n)
     t = np.cumsum(gaps) - (gaps[0] if rate else 0.0)
-    return Workload(
-        [
-            WorkloadRequest(
-                int(rng.integers(64, 257)),
-                int(rng.integers(32, 97)),
-                arrival=float(t[i]),
-                request_id=f"r{seed}-{run}-{i}",
-            )
-            for i in range(n)
-        ],
-        "twin fidelity",
-    )
+    out = []
+    for i in range(n):
+        p, o = lengths or (int(rng.integers(64, 257)), int(rng.integers(32, 97)))
+        out.append(WorkloadRequest(p, o, arrival=float(t[i]), request_id=f"r{seed}-{run}-{i}"))
+    return Workload(out, "twin fidelity")
+
+
+def engine_args(ea: dict[str, Any]) -> EngineArgs:
+    """The engine args every server here runs with: ``ea`` and the fixed KV size, eager."""
+    return EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
 
 
 def serve(venv: Path, model: Path, ea: dict[str, Any], workdir: Path) -> Server:
@@ -119,7 +125,9 @@ def serve(venv: Path, model: Path, ea: dict[str, Any], workdir: Path) -> Server:
     return Server(argv, cfg, workdir)
 
 
-async def scraped_run(url: str, wl: Workload) -> tuple[Any, Snapshot | None, Snapshot | None]:
+async def scraped_run(
+    url: str, wl: Workload
+) -> tuple[LoadResult, Snapshot | None, Snapshot | None]:
     """Run ``wl`` against ``url``; the load's result and the ``/metrics`` pages before and
     after it (the latter half a second after the last request: vLLM records a step's stats
     just after handing its outputs out)."""
@@ -167,8 +175,7 @@ def as_sent(wl: Workload, sent: dict[str, float]) -> Workload:
 
 
 def predicted(model: Any, hw: Any, ea: dict[str, Any], wl: Workload) -> dict[str, float]:
-    args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
-    lvl = replay_level(model, hw, args, wl, seed=0, jitter_cv=0.0)
+    lvl = replay_level(model, hw, engine_args(ea), wl, seed=0, jitter_cv=0.0)
     itl = lvl.telemetry.histograms.get("itl")
     s = {**lvl.summary, "engine_itl_ms": 1e3 * itl.sum / itl.count if itl and itl.count else 0.0}
     return {k: float(s.get(k) or 0.0) for k in (*METRICS, "request_throughput")}
@@ -250,8 +257,7 @@ def main() -> None:
             srv = serve(venv, model_dir, ea, work / f"w{i}-{k}")
             try:
                 if twin is None and i == 0:
-                    args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
-                    live = asyncio.run(calibrate_live(srv.url, model, base, args))
+                    live = asyncio.run(calibrate_live(srv.url, model, base, engine_args(ea)))
                     twin = twin_hardware(live.calibration.spec(), "twin")
                     cal = live.calibration
                     saved = write_profile(live.spec, work / "twin.yaml")

@@ -34,33 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_study import build_model, find_venv
-from twin_fidelity import KV_BYTES, as_sent, scraped_run, serve
+from twin_fidelity import as_sent, engine_args, requests, scraped_run, serve
 
 from autotune.calibrate.server_fit import calibrate_live
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
-from autotune.sim import EngineArgs, replay_level, twin_hardware
+from autotune.sim import replay_level, twin_hardware
 from autotune.telemetry.stats import HistogramDelta
 from autotune.telemetry.summary import HISTOGRAMS
-from autotune.workload.core import Workload, WorkloadRequest
+from autotune.workload.core import Workload
 
 SHARES = (0.5, 0.85)
 AS_SENT = "twin, as sent"  # the twin on the arrivals the client managed, not its schedule
-
-
-def requests(
-    n: int, seed: int, *, rate: float | None = None, lengths: tuple[int, int] | None = None
-) -> Workload:
-    """``n`` requests, all at t = 0 or Poisson at ``rate``; of ``lengths`` (prompt, output)
-    each, or of 64-256 prompt and 32-96 output tokens (twin_fidelity's mix)."""
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate, n) if rate else np.zeros(n)
-    t = np.cumsum(gaps) - (gaps[0] if rate else 0.0)
-    out = []
-    for i in range(n):
-        p, o = lengths or (int(rng.integers(64, 257)), int(rng.integers(32, 97)))
-        out.append(WorkloadRequest(p, o, arrival=float(t[i]), request_id=f"l{seed}-{i}"))
-    return Workload(out, "twin loads")
 
 
 def _mean(d: HistogramDelta | None, scale: float = 1e3) -> float | None:
@@ -92,8 +77,7 @@ async def measure(url: str, wl: Workload) -> dict[str, Any]:
 
 
 def predicted(model: Any, hw: Any, ea: dict[str, Any], wl: Workload) -> dict[str, Any]:
-    args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
-    lvl = replay_level(model, hw, args, wl, seed=0, jitter_cv=0.0)
+    lvl = replay_level(model, hw, engine_args(ea), wl, seed=0, jitter_cv=0.0)
     h = lvl.telemetry.histograms
     steps = h.get("iteration_tokens")
     return {
@@ -122,21 +106,20 @@ def main() -> None:
     )
     build_model(venv, work / "model")
     model, base = get_model(str(work / "model")), get_hardware("CPU")
-    args = EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
     srv = serve(venv, work / "model", ea, work / "server")
     rows: dict[str, dict[str, Any]] = {}
     try:
-        live = asyncio.run(calibrate_live(srv.url, model, base, args))
+        live = asyncio.run(calibrate_live(srv.url, model, base, engine_args(ea)))
         cal = live.calibration
         predictors = {"twin": twin_hardware(cal.spec(), "twin"), "uncalibrated": base}
         print(f"twin: fit's median error {cal.residual_pct}")
         print("   " + ", ".join(f"{s}.{n} {v:.4g}" for (s, n), v in cal.values.items()))
         loads = [
-            ("8 x 64/256", requests(8, 1, lengths=(64, 256))),
-            ("32 x 64/256", requests(32, 2, lengths=(64, 256))),
-            ("32 x 256/64", requests(32, 3, lengths=(256, 64))),
-            ("32 mixed", requests(32, 4)),
-            ("96 mixed", requests(96, 5)),
+            ("8 x 64/256", requests(8, None, 1, lengths=(64, 256))),
+            ("32 x 64/256", requests(32, None, 2, lengths=(64, 256))),
+            ("32 x 256/64", requests(32, None, 3, lengths=(256, 64))),
+            ("32 mixed", requests(32, None, 4)),
+            ("96 mixed", requests(96, None, 5)),
         ]
         for label, wl in loads:
             rows[label] = {"real": asyncio.run(measure(srv.url, wl)), "wl": wl}
@@ -145,7 +128,7 @@ def main() -> None:
             r.output_len for r in rows["96 mixed"]["wl"].requests
         )
         for share in SHARES:
-            wl = requests(max(20, int(share * cap * 25)), 6 + int(100 * share), rate=share * cap)
+            wl = requests(max(20, int(share * cap * 25)), share * cap, 6 + int(100 * share))
             rows[f"Poisson {share:.0%}"] = {"real": asyncio.run(measure(srv.url, wl)), "wl": wl}
     finally:
         srv.stop()
