@@ -313,7 +313,9 @@ def main() -> None:
 
 def report(
     rows: dict[str, Any], model: Any, base: Any, twin: Any, held: list[Any], wall: float
-) -> None:
+) -> dict[str, Any]:
+    """Print every point's predicted and measured figures, the held-out errors per
+    predictor and the JSON line; returns what that line holds."""
     cal = rows["calibration"]
     errs: dict[str, dict[str, list[float]]] = {p: {} for p in ("twin", "sim", "constant")}
     spreads: dict[str, list[float]] = {}
@@ -372,6 +374,10 @@ def report(
         vals = [v for v in errs[p].get(k, []) if v == v]  # NaN: nothing measured to compare
         return round(max(vals), 2) if vals else None
 
+    def md(p: str, k: str) -> float | None:
+        vals = [v for v in errs[p].get(k, []) if v == v]
+        return round(statistics.median(vals), 2) if vals else None
+
     out = {
         "heldout_throughput_err_pct_max": mx("twin", "capacity"),
         "heldout_p50_ttft_err_pct_max": mx("twin", "median_ttft_ms"),
@@ -382,10 +388,12 @@ def report(
         "constant_predictor_err_pct_max": {k: mx("constant", k) for k in HEADLINE},
         "uncalibrated_err_pct_max": {k: mx("sim", k) for k in HEADLINE},
         "twin_err_pct_max": {k: mx("twin", k) for k in errs["twin"]},
+        "twin_err_pct_median": {k: md("twin", k) for k in errs["twin"]},
         "heldout_configs": len(held),
         "wall_s": round(wall, 1),
     }
     print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

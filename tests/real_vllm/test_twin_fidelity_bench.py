@@ -2,7 +2,8 @@
 predict one held-out config, and print the figures' keys. Its targets are for the full run
 (docs/calibrate.md#5-prediction-on-real-vllm); this checks that the whole path (serve,
 probe, fit, capacity burst, Poisson loads, the three predictors) completes on the real
-server."""
+server; and that ``benchmarks/twin_refit.py`` rebuilds the run from its work folder: its
+refit with the default constants gives the run's own figures."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from .support import REPO, TIMINGS
 pytestmark = [pytest.mark.real_vllm]
 
 BENCH = REPO / "benchmarks" / "twin_fidelity.py"
+REFIT = REPO / "benchmarks" / "twin_refit.py"
 KEYS = {
     "heldout_throughput_err_pct_max",
     "heldout_p50_ttft_err_pct_max",
@@ -31,20 +34,37 @@ KEYS = {
 }
 
 
-def test_twin_fidelity_quick_completes_and_prints_its_keys(vllm_venv: Path) -> None:
+def _bench(script: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """Run a benchmark script; its stdout and its last line's JSON (timed in TIMINGS)."""
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--venv", str(vllm_venv)],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
         cwd=REPO,
     )
-    TIMINGS["benchmarks/twin_fidelity.py --quick"] = time.monotonic() - t0
+    TIMINGS[f"benchmarks/{script.name} --quick"] = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_twin_fidelity_quick_completes_and_prints_its_keys(vllm_venv: Path) -> None:
+    stdout, out = _bench(BENCH, "--quick", "--venv", str(vllm_venv))
     assert set(out) >= KEYS, sorted(KEYS - set(out))
     assert out["heldout_configs"] == 1
     assert out["heldout_throughput_err_pct_max"] is not None  # a capacity was measured
     assert out["heldout_engine_itl_err_pct_max"] is not None  # the server's own gaps were read
+
+    # the same run refitted offline from what it kept: the default fit is the run's own
+    work = next(
+        line.split(": ", 1)[1].rsplit("/", 1)[0]
+        for line in stdout.splitlines()
+        if line.startswith("measurements: ")
+    )
+    fits = _bench(REFIT, work, "--quick", "--also", "cost.t_req")[1]["fits"]
+    assert list(fits) == ["default", "+cost.t_req"]
+    assert fits["default"]["twin_err_pct_max"] == out["twin_err_pct_max"]
+    assert "cost.t_req" in fits["+cost.t_req"]["constants"]
+    assert "cost.t_req" not in fits["default"]["constants"]

@@ -1,0 +1,108 @@
+"""Refit the twin offline on what a ``twin_fidelity.py`` run measured, and report its held-out
+errors again, once with the default fitted constants and once with more of them
+(docs/calibrate.md#5-prediction-on-real-vllm).
+
+A run of ``twin_fidelity.py`` keeps its work folder: the built model, the probe suite's
+figures (``probes.json``) and every measured point with its requests' send times
+(``measured.json``; the requests themselves follow from their seeds). This script fits the
+twin to the same probes with ``DEFAULT_FITTED`` and with ``DEFAULT_FITTED`` plus ``--also``,
+and prints ``twin_fidelity``'s report for each, on the same measurements: a paired
+comparison of two fits, free of the spread between runs (each run's servers differ). The
+first fit is the one the run made (the fit is deterministic), which the script checks.
+
+Usage: python benchmarks/twin_refit.py WORKDIR [--also cost.t_req ...] [--quick]
+Ends with one JSON line: each fit's constants and its ``twin_err_pct_max`` and medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import twin_fidelity as tf
+
+from autotune.calibrate import DEFAULT_FITTED, fit_twin
+from autotune.calibrate.observe import Observation
+from autotune.calibrate.probes import default_suite
+from autotune.calibrate.twin_fit import Constant
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
+from autotune.sim import twin_hardware
+
+
+def rows_of(kept: dict[str, Any], quick: bool) -> dict[str, Any]:
+    """``twin_fidelity.main``'s rows from its ``measured.json``: the workloads rebuilt from
+    their seeds (the order of ``labels`` there is the config's index)."""
+    burst_n, load_s = (16, 5.0) if quick else (96, 25.0)
+    rows: dict[str, Any] = {}
+    for i, (label, row) in enumerate(kept.items()):
+        caps = row["caps"]
+        loads = {}
+        for share, v in row["loads"].items():
+            n = max(20, int(v["rate"] * load_s))
+            seed = 200 + i * 10 + tf.SHARES.index(float(share))
+            wls = [tf.requests(n, v["rate"], seed, run=k) for k in range(len(v["runs"]))]
+            loads[share] = {
+                "rate": v["rate"],
+                "runs": v["runs"],
+                "sent": list(zip(wls, v["sent"], strict=True)),
+            }
+        bursts = [
+            (tf.requests(burst_n, None, 100 + i, run=k), sent)
+            for k, sent in enumerate(row["burst_sent"])
+        ]
+        for wl, sent in bursts + [x for v in loads.values() for x in v["sent"]]:
+            if not set(sent) <= {r.request_id for r in wl.requests}:  # seeds out of step
+                raise SystemExit(f"{label}: the rebuilt requests are not the ones the run sent")
+        rows[label] = {
+            "engine_args": row["engine_args"],
+            "caps": caps,
+            "bursts": bursts,
+            "loads": loads,
+            "capacity": {k: statistics.median(c[k] for c in caps) for k in caps[0]},
+        }
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workdir")
+    ap.add_argument("--also", nargs="+", default=["cost.t_req"])
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    work = Path(a.workdir)
+    kept = json.loads((work / "measured.json").read_text())
+    seen = [Observation(**o) for o in json.loads((work / "probes.json").read_text())]
+    model, base = get_model(str(work / "model")), get_hardware("CPU")
+    rows = rows_of(kept, a.quick)
+    ea = tf.engine_args(rows["calibration"]["engine_args"])
+    r = ea.resolve(model, base)
+    suite = default_suite(r.max_model_len, r.max_num_seqs, r.max_num_batched_tokens)
+    held = [label for label in rows if label != "calibration"]
+    extra: tuple[Constant, ...] = tuple((s, n) for s, n in (c.split(".", 1) for c in a.also))
+    summary = {}
+    fits = (("default", DEFAULT_FITTED), ("+" + ",".join(a.also), DEFAULT_FITTED + extra))
+    for name, fitted in fits:
+        cal = fit_twin(suite, seen, model, base, ea, fitted=fitted)
+        print(f"\n=== fit {name}: {cal.residual_pct}")
+        for (section, c), v in cal.values.items():
+            print(f"  {section}.{c} = {v:.4g} ± {cal.stderr[(section, c)]:.2g}")
+        twin = twin_hardware(cal.spec(), "twin")
+        out = tf.report(rows, model, base, twin, held, 0.0)
+        summary[name] = {
+            "constants": {f"{s}.{c}": v for (s, c), v in cal.values.items()},
+            "residual_pct": cal.residual_pct,
+            **out,
+        }
+    print(json.dumps({"bench": "twin_refit", "workdir": str(work), "fits": summary}))
+
+
+if __name__ == "__main__":
+    main()
