@@ -34,7 +34,7 @@ from autotune.calibrate.probes import default_suite
 from autotune.calibrate.twin_fit import Constant
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
-from autotune.sim import twin_hardware
+from autotune.sim import twin_constants, twin_hardware
 
 
 def rows_of(kept: dict[str, Any], quick: bool) -> dict[str, Any]:
@@ -86,7 +86,11 @@ def main() -> None:
     r = ea.resolve(model, base)
     suite = default_suite(r.max_model_len, r.max_num_seqs, r.max_num_batched_tokens)
     held = [label for label in rows if label != "calibration"]
-    extra: tuple[Constant, ...] = tuple((s, n) for s, n in (c.split(".", 1) for c in a.also))
+    known = twin_constants(base)
+    extra: tuple[Constant, ...] = tuple((s, n) for s, _, n in (c.partition(".") for c in a.also))
+    for c in extra:
+        if c not in known or c in DEFAULT_FITTED:
+            ap.error(f"--also {'.'.join(c)}: not a constant of {base.name} left unfitted")
     summary = {}
     fits = (("default", DEFAULT_FITTED), ("+" + ",".join(a.also), DEFAULT_FITTED + extra))
     for name, fitted in fits:
