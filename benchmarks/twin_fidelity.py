@@ -107,6 +107,17 @@ def requests(
     return Workload(out, "twin fidelity")
 
 
+def burst_requests(i: int, k: int, quick: bool) -> Workload:
+    """Config ``i``'s capacity burst in round ``k``."""
+    return requests(16 if quick else 96, None, 100 + i, run=k)
+
+
+def load_requests(i: int, share: float, rate: float, k: int, quick: bool) -> Workload:
+    """Config ``i``'s Poisson load at ``share`` of its capacity (``rate``) in round ``k``."""
+    n = max(20, int(rate * (5.0 if quick else 25.0)))
+    return requests(n, rate, 200 + i * 10 + SHARES.index(share), run=k)
+
+
 def engine_args(ea: dict[str, Any]) -> EngineArgs:
     """The engine args every server here runs with: ``ea`` and the fixed KV size, eager."""
     return EngineArgs(**ea, kv_cache_memory_bytes=KV_BYTES, enforce_eager=True)
@@ -222,7 +233,6 @@ def main() -> None:
         calibration, held[a.calibrate_on - 1] = held[a.calibrate_on - 1], calibration
     held = held[:1] if a.quick else held
     repeats = 1 if a.quick else a.repeats
-    burst_n, load_s = (16, 5.0) if a.quick else (96, 25.0)
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="twinfid-"))
     model_dir = work / "model"
@@ -271,15 +281,14 @@ def main() -> None:
                     (work / "probes.json").write_text(json.dumps(seen, indent=1))
                 # a burst for the capacity, then the two loads (their order alternating);
                 # the loads' rates are shares of the first round's burst capacity
-                burst = requests(burst_n, None, 100 + i, run=k)
+                burst = burst_requests(i, k, a.quick)
                 cap, sent = asyncio.run(measure(srv.url, burst))
                 row["caps"].append(cap)
                 row["bursts"].append((burst, sent))
                 print(f"{label} {ea} burst run {k}: {json.dumps(cap)}", flush=True)
                 for share in SHARES if k % 2 == 0 else SHARES[::-1]:
                     rate = share * row["caps"][0]["request_throughput"]
-                    n = max(20, int(rate * load_s))
-                    wl = requests(n, rate, 200 + i * 10 + SHARES.index(share), run=k)
+                    wl = load_requests(i, share, rate, k, a.quick)
                     m, sent = asyncio.run(measure(srv.url, wl))
                     load = row["loads"].setdefault(
                         str(share), {"rate": rate, "runs": [], "sent": []}
@@ -370,13 +379,9 @@ def report(
     noise = {k: round(statistics.median(v), 2) for k, v in spreads.items()}
     print(f"noise band (median spread of the repeats, %): {noise}; wall {wall:.0f} s")
 
-    def mx(p: str, k: str) -> float | None:
+    def mx(p: str, k: str, of: Any = max) -> float | None:
         vals = [v for v in errs[p].get(k, []) if v == v]  # NaN: nothing measured to compare
-        return round(max(vals), 2) if vals else None
-
-    def md(p: str, k: str) -> float | None:
-        vals = [v for v in errs[p].get(k, []) if v == v]
-        return round(statistics.median(vals), 2) if vals else None
+        return round(of(vals), 2) if vals else None
 
     out = {
         "heldout_throughput_err_pct_max": mx("twin", "capacity"),
@@ -388,7 +393,7 @@ def report(
         "constant_predictor_err_pct_max": {k: mx("constant", k) for k in HEADLINE},
         "uncalibrated_err_pct_max": {k: mx("sim", k) for k in HEADLINE},
         "twin_err_pct_max": {k: mx("twin", k) for k in errs["twin"]},
-        "twin_err_pct_median": {k: md("twin", k) for k in errs["twin"]},
+        "twin_err_pct_median": {k: mx("twin", k, statistics.median) for k in errs["twin"]},
         "heldout_configs": len(held),
         "wall_s": round(wall, 1),
     }

@@ -30,7 +30,7 @@ import twin_fidelity as tf
 
 from autotune.calibrate import DEFAULT_FITTED, fit_twin
 from autotune.calibrate.observe import Observation
-from autotune.calibrate.probes import default_suite
+from autotune.calibrate.server_fit import suite_for
 from autotune.calibrate.twin_fit import Constant
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
@@ -40,23 +40,22 @@ from autotune.sim import twin_constants, twin_hardware
 def rows_of(kept: dict[str, Any], quick: bool) -> dict[str, Any]:
     """``twin_fidelity.main``'s rows from its ``measured.json``: the workloads rebuilt from
     their seeds (the order of ``labels`` there is the config's index)."""
-    burst_n, load_s = (16, 5.0) if quick else (96, 25.0)
     rows: dict[str, Any] = {}
     for i, (label, row) in enumerate(kept.items()):
         caps = row["caps"]
         loads = {}
         for share, v in row["loads"].items():
-            n = max(20, int(v["rate"] * load_s))
-            seed = 200 + i * 10 + tf.SHARES.index(float(share))
-            wls = [tf.requests(n, v["rate"], seed, run=k) for k in range(len(v["runs"]))]
+            wls = [
+                tf.load_requests(i, float(share), v["rate"], k, quick)
+                for k in range(len(v["runs"]))
+            ]
             loads[share] = {
                 "rate": v["rate"],
                 "runs": v["runs"],
                 "sent": list(zip(wls, v["sent"], strict=True)),
             }
         bursts = [
-            (tf.requests(burst_n, None, 100 + i, run=k), sent)
-            for k, sent in enumerate(row["burst_sent"])
+            (tf.burst_requests(i, k, quick), sent) for k, sent in enumerate(row["burst_sent"])
         ]
         for wl, sent in bursts + [x for v in loads.values() for x in v["sent"]]:
             if not set(sent) <= {r.request_id for r in wl.requests}:  # seeds out of step
@@ -83,8 +82,7 @@ def main() -> None:
     model, base = get_model(str(work / "model")), get_hardware("CPU")
     rows = rows_of(kept, a.quick)
     ea = tf.engine_args(rows["calibration"]["engine_args"])
-    r = ea.resolve(model, base)
-    suite = default_suite(r.max_model_len, r.max_num_seqs, r.max_num_batched_tokens)
+    suite = suite_for(model, base, ea)
     held = [label for label in rows if label != "calibration"]
     known = twin_constants(base)
     extra: tuple[Constant, ...] = tuple((s, n) for s, _, n in (c.partition(".") for c in a.also))

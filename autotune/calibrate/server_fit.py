@@ -28,6 +28,7 @@ __all__ = [
     "calibrate_live",
     "measured_here",
     "profile_path",
+    "suite_for",
     "write_profile",
 ]
 
@@ -50,6 +51,12 @@ def measured_here(base_url: str, vllm: str | None, model: str | None) -> dict[st
     return {"vllm": vllm, "model": model, "host": host, "when": dt.date.today().isoformat()}
 
 
+def suite_for(model: ModelProfile, base: HardwareProfile, args: EngineArgs) -> list[Probe]:
+    """The default probe suite for a server of ``args``' limits, as resolved on ``base``."""
+    r = args.resolve(model, base)
+    return default_suite(r.max_model_len, r.max_num_seqs, r.max_num_batched_tokens)
+
+
 async def calibrate_live(
     base_url: str,
     model: ModelProfile,
@@ -68,14 +75,7 @@ async def calibrate_live(
     probes with them). ``probes`` replaces the default suite. Raises AutotuneError when no
     probe completed a request.
     """
-    resolved = args.resolve(model, base)
-    suite = (
-        list(probes)
-        if probes is not None
-        else default_suite(
-            resolved.max_model_len, resolved.max_num_seqs, resolved.max_num_batched_tokens
-        )
-    )
+    suite = list(probes) if probes is not None else suite_for(model, base, args)
     run = await run_suite(base_url, suite, model=served_model, api_key=api_key, progress=progress)
     if not run.observations:
         failed = sum(r.failed for r in run.runs)
