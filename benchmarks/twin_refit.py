@@ -77,6 +77,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     work = Path(a.workdir)
+    for need in ("measured.json", "probes.json", "model"):
+        if not (work / need).exists():
+            ap.error(f"{work}: no {need}; give the work folder a twin_fidelity.py run printed")
     kept = json.loads((work / "measured.json").read_text())
     seen = [Observation(**o) for o in json.loads((work / "probes.json").read_text())]
     model, base = get_model(str(work / "model")), get_hardware("CPU")
