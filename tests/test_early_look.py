@@ -3,10 +3,20 @@ docs/tuning.md#7-validation, "Stopping early"): when it looks and at which confi
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from autotune.store import RepeatRecord
-from autotune.tuning.measure.early_look import look_after, look_confidence, overlength_bound
+from autotune.tuning.measure.early_look import (
+    final_overlength,
+    look_after,
+    look_confidence,
+    never_led,
+    overlength_bound,
+    settled_early,
+)
+from autotune.tuning.measure.interval import Run, summarize
 
 
 @pytest.mark.parametrize(
@@ -43,3 +53,147 @@ def test_the_overlength_bound_keeps_a_rate_near_its_limit_running() -> None:
     clean = overlength_bound(_runs(1, [0.0, 0.0, 0.0], 400), 0.975)
     assert clean == pytest.approx(1.96**2 / 1200 / (1 + 1.96**2 / 1200), rel=1e-3)
     assert overlength_bound(_runs(1, [0.0], 0), 0.975) is None  # nothing counted
+
+
+def _run(
+    trial: int,
+    repeat: int,
+    *,
+    cap: float | None = None,
+    held: bool = True,
+    rate: float = 0.0,
+    requests: int = 400,
+    done: bool = True,
+    role: str = "candidate",
+) -> RepeatRecord:
+    return RepeatRecord(
+        "s",
+        repeat,
+        0,
+        trial,
+        role,
+        {"max_model_len": 4096},
+        "x",
+        repeat,
+        0,
+        state="COMPLETE" if done else "PENDING",
+        slo_held=held if done else None,
+        capacity_scale=cap if done else None,
+        overlength_rate=rate if done else None,
+        requests=requests if done else 0,
+    )
+
+
+def test_the_final_overlength_is_known_only_when_every_run_measured_its_prediction() -> None:
+    # docs/tuning.md#7-validation, "Stopping early": what max_model_len cuts is fixed by the
+    # lengths drawn, so the pending samples' rates are known when the finished ones matched
+    predicted = {
+        0: (0.0025, 400),
+        1: (0.0125, 400),
+        2: (0.0025, 400),
+        3: (0.005, 400),
+        4: (0.0075, 400),
+    }
+    done = [_run(15, i, cap=2.0, rate=predicted[i][0]) for i in range(3)]
+    pending = [_run(15, i, done=False) for i in (3, 4)]
+    known = final_overlength(done + pending, lambda r: predicted[r.repeat_index])
+    assert known == {15: pytest.approx(12 / 2000)}  # 0.6 %, where 3 samples bound it at 1.2 %
+    assert overlength_bound(done, 0.975) > 0.01
+    # a finished run that cut another share, or another number of requests, than its sample
+    # predicts (a tokenizer's lengths, a level that stopped early): nothing is known
+    off = [_run(15, 0, cap=2.0, rate=0.005), *done[1:], *pending]
+    assert final_overlength(off, lambda r: predicted[r.repeat_index]) == {}
+    short = [_run(15, 0, cap=2.0, rate=0.0025, requests=380), *done[1:], *pending]
+    assert final_overlength(short, lambda r: predicted[r.repeat_index]) == {}
+    assert final_overlength(done + pending, lambda r: None) == {}  # no max_model_len
+    # a server of 2 devices offered 2 copies of each sample: the same shares
+    two = [_run(15, i, cap=2.0, rate=predicted[i][0], requests=800) for i in range(3)]
+    assert final_overlength(two + pending, lambda r: predicted[r.repeat_index]) == known
+    mixed = [two[0], *done[1:], *pending]  # one run offered 2 copies, the others 1
+    assert final_overlength(mixed, lambda r: predicted[r.repeat_index]) == {}
+
+
+def test_a_rival_that_never_led_on_a_shared_sample() -> None:
+    chosen = [_run(1, i, cap=c) for i, c in enumerate([2.0, 2.04, 1.96])]
+    assert never_led(
+        "slo-capacity", 2, 1, chosen + [_run(2, i, cap=c) for i, c in enumerate([2.0, 2.0, 1.96])]
+    )
+    # it led once: the remaining repeats could make it the recommendation
+    assert not never_led(
+        "slo-capacity", 2, 1, chosen + [_run(2, i, cap=c) for i, c in enumerate([2.0, 2.08, 1.92])]
+    )
+    # where it held and the chosen config did not, the chosen one did not lead
+    broke = [_run(1, 0, cap=None, held=False), *chosen[1:]]
+    assert not never_led("slo-capacity", 2, 1, broke + [_run(2, i, cap=1.9) for i in range(3)])
+    # one held repeat is not enough to say
+    assert not never_led(
+        "slo-capacity",
+        2,
+        1,
+        chosen + [_run(2, 0, cap=1.9)] + [_run(2, i, cap=None, held=False) for i in (1, 2)],
+    )
+
+
+def _summary(runs: list[RepeatRecord], limit: float = 0.01) -> Any:
+    return summarize(
+        [
+            Run(
+                r.repeat_index,
+                r.trial_number,
+                r.role == "baseline",
+                bool(r.slo_held),
+                r.capacity_scale if r.slo_held else None,
+                r.overlength_rate,
+                r.requests,
+            )
+            for r in runs
+        ],
+        mode="slo-capacity",
+        baseline_trial=0,
+        repeats=3,
+        runs_planned=len(runs),
+        confidence=0.975,
+        sd_floor=2.0,
+        max_overlength_rate=limit,
+    )
+
+
+def test_the_look_stops_past_rivals_that_cannot_win_and_on_a_known_overlength() -> None:
+    base = [_run(0, i, cap=c, role="baseline") for i, c in enumerate([1.56, 1.62, 1.59])]
+    top = [_run(1, i, cap=c, rate=0.0058) for i, c in enumerate([1.90, 1.98, 2.02])]
+    # a rival whose interval overlaps the recommended config's but that never led it
+    tied = [_run(2, i, cap=c) for i, c in enumerate([1.90, 1.98, 2.02])]
+    s = _summary(base + top + tied)
+    assert s.verdict == "recommend" and s.chosen == 1
+    assert s.candidate(2).interval.high >= s.candidate(1).interval.low
+    assert settled_early(s, base + top + tied, 0.01, {1: 0.006})
+    # the over-length bound of 3 samples (above 1 %) refuses; the known final rate does not
+    assert not settled_early(s, base + top + tied, 0.01)
+    assert not settled_early(s, base + top + tied, 0.01, {1: 0.0101})
+    # a rival that led on one sample keeps the phase running
+    led = [_run(2, i, cap=c) for i, c in enumerate([1.90, 2.06, 1.98])]
+    s2 = _summary(base + top + led)
+    assert s2.chosen == 1 or s2.chosen == 2
+    assert not settled_early(s2, base + top + led, 0.01, {1: 0.006, 2: 0.006})
+    # a rival that broke the SLOs in a run can never be recommended: no obstacle
+    broke = [_run(2, 0, cap=None, held=False)] + [_run(2, i, cap=2.1) for i in (1, 2)]
+    s3 = _summary(base + top + broke)
+    assert s3.chosen == 1
+    assert settled_early(s3, base + top + broke, 0.01, {1: 0.006})
+
+
+def test_progress_names_the_rivals_the_look_passed_over(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli.progress import progress_printer
+    from autotune.tuning.run.events import ValidationSettledEarly
+
+    show = progress_printer()
+    show(ValidationSettledEarly(3, 5, 6, 15, (17,)))
+    show(ValidationSettledEarly(3, 5, 6, 15, ()))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "validation: the verdict is settled after 3 of 5 repeats (the early look); 6 runs not "
+        "needed",
+        "  trial 17: never measured above trial 15 on a shared sample, so not run to the end",
+        "validation: the verdict is settled after 3 of 5 repeats (the early look); 6 runs not "
+        "needed",
+    ]

@@ -645,12 +645,14 @@ def test_a_run_searches_every_other_point_of_the_studys_lattice(tmp_path: Path) 
 @field("strategy.validate.stop_early")
 def test_the_early_look_stops_a_settled_verdict_and_only_that(tmp_path: Path) -> None:
     # docs/tuning.md#7-validation, "Stopping early": after 3 of 5 repeats a clear gain is
-    # settled (its 97.5 % interval above 0 and above the runner-up's); a gain within the
-    # noise, or two candidates too close to tell apart, runs all 5
+    # settled (its 97.5 % interval above 0 and above the runner-up's), and so is one whose
+    # runner-up measured exactly its figure on every sample (it never led); a gain within
+    # the noise, or two candidates too close to tell apart, runs all 5
     cases = {
         "clear": ({0: (1.0, 0.01), 1: (1.3, 0.01), 2: (1.05, 0.01)}, 3),
         "small": ({0: (1.0, 0.03), 1: (1.02, 0.03), 2: (1.01, 0.03)}, 5),
         "close": ({0: (1.0, 0.01), 1: (1.3, 0.05), 2: (1.29, 0.05)}, 5),
+        "tied": ({0: (1.0, 0.01), 1: (1.3, 0.0), 2: (1.3, 0.0)}, 3),
     }
     for name, (spec, repeats) in cases.items():
         for early in (True, False):
@@ -677,6 +679,11 @@ def test_the_early_look_stops_a_settled_verdict_and_only_that(tmp_path: Path) ->
                 assert s.candidate(1).interval.n == want
                 if early:
                     assert (settled[0].repeats, settled[0].planned, settled[0].dropped) == (3, 5, 6)
+                    assert settled[0].passed == ()
+            if name == "tied" and early:
+                assert (s.chosen, settled[0].chosen, settled[0].passed) == (1, 1, (2,))
+                lows = [s.candidate(n).interval for n in (1, 2)]
+                assert lows[1].high >= lows[0].low  # its interval alone would not settle it
             starts = [e for e in log if e[0] == "start"]
             assert len(starts) == 3 * want  # no run of a dropped repeat started
             assert len([e for e in log if e[0] == "stop"]) == len(starts)  # none left running

@@ -107,6 +107,12 @@ def progress_printer() -> OnEvent:
                     f"validation: the verdict is settled after {e.repeats} of {e.planned} "
                     f"repeats (the early look); {e.dropped} runs not needed"
                 )
+                if e.passed:
+                    names = ", ".join(f"trial {t}" for t in e.passed)
+                    out.print(
+                        f"  {names}: never measured above trial {e.chosen} on a shared "
+                        f"sample, so not run to the end"
+                    )
             case ValidationRunDone():
                 res = e.result
                 fig = (

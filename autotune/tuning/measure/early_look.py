@@ -6,28 +6,40 @@ The look is a second test of the same question, so the phase's error rate is spl
 its two looks (Bonferroni): the early look judges at ``1 - (1 - confidence) / 2``, and the
 reported interval is the runs' own at the phase's confidence, as wide as its fewer pairs make
 it. Stopping only on a "recommend" whose interval clears every rival keeps the verdicts that
-need more runs (a gain near the noise, two close candidates, "keep") running to the end. The
-over-length limit is judged on a config's repeats pooled, so a rate near the limit can cross
-it with more samples: the recommended config's and the baseline's pooled rates must lie below
-the limit by their one-sided upper bound at the look's confidence (Wilson's score bound).
+need more runs (a gain near the noise, "keep") running to the end. A rival is no obstacle
+when it cannot be recommended (a run of it broke the SLOs, and every run must hold them) or
+when it measured no higher than the recommended config on every sample both ran: paired on
+the same samples, it never led (docs/tuning.md#7-validation, "Stopping early").
+
+The over-length limit is judged on a config's repeats pooled, so a rate near the limit can
+cross it with more samples: the recommended config's and the baseline's pooled rates must lie
+below the limit by their one-sided upper bound at the look's confidence (Wilson's score
+bound), unless the rate over every planned run is already known. What ``max_model_len`` cuts
+depends only on the lengths drawn, and every run's sample is drawn before it runs: when each
+finished run of a config measured exactly what its sample's lengths predict, the pending runs'
+rates are their samples' (:func:`final_overlength`), and the pooled rate the phase will judge
+is known now.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
 
 from autotune.store import RepeatRecord
-from autotune.tuning.measure.interval import ValidationSummary
+from autotune.tuning.measure.interval import ValidationSummary, figure_of
 from autotune.tuning.measure.validation_plan import block_size
 
 __all__ = [
     "LOOK_SHARE",
     "MIN_LOOK",
+    "final_overlength",
     "look_after",
     "look_confidence",
+    "never_led",
     "overlength_bound",
+    "passed_over",
     "settled_early",
 ]
 
@@ -64,17 +76,94 @@ def overlength_bound(runs: Sequence[RepeatRecord], confidence: float) -> float |
     return (centre + half) / (1 + z * z / n)
 
 
+def final_overlength(
+    runs: Sequence[RepeatRecord], predict: Callable[[RepeatRecord], tuple[float, int] | None]
+) -> dict[int, float]:
+    """Each config's pooled over-length rate over all its planned ``runs`` (finished and
+    pending), by trial number, where it is known before the pending ones run: ``predict(run)``
+    gives the rate its sample's lengths predict and the sample's size (None: unknown), and
+    every finished run of the config measured exactly that rate over the same whole number
+    of copies of its sample (a server of k devices is offered k copies,
+    docs/tuning.md#16-the-parallelism-stage), which its pending runs are then offered too. A
+    config with any other run is left out: its rate is not known yet."""
+    by: dict[int, list[RepeatRecord]] = {}
+    for r in runs:
+        by.setdefault(r.trial_number, []).append(r)
+    out: dict[int, float] = {}
+    for trial, rs in by.items():
+        shares = [(r, predict(r)) for r in rs]
+        copies = {
+            r.requests // p[1] if p is not None and p[1] > 0 and r.requests % p[1] == 0 else 0
+            for r, p in shares
+            if r.state == "COMPLETE"
+        }
+        if len(copies) != 1 or 0 in copies:
+            continue  # no finished run, a partial copy, or runs offered different copies
+        cut = sent = 0.0
+        for r, p in shares:
+            if p is None or (
+                r.state == "COMPLETE"
+                and (r.overlength_rate is None or abs(r.overlength_rate - p[0]) > 1e-12)
+            ):
+                break  # unknown, or this server did not cut what the lengths predict
+            cut, sent = cut + p[0] * p[1], sent + p[1]
+        else:
+            if sent > 0:
+                out[trial] = cut / sent
+    return out
+
+
+def never_led(mode: str, rival: int, chosen: int, runs: Sequence[RepeatRecord]) -> bool:
+    """On every repeat where ``rival`` held its SLOs, ``chosen`` held them too and measured at
+    least its figure (the mode's, :func:`figure_of`), with at least two such repeats."""
+
+    def figures(trial: int) -> dict[int, float | None]:
+        return {
+            r.repeat_index: figure_of(
+                mode,
+                capacity_scale=r.capacity_scale,
+                objective=r.objective,
+                worst_margin=r.worst_margin,
+            )
+            if r.slo_held
+            else None
+            for r in runs
+            if r.trial_number == trial and r.state == "COMPLETE"
+        }
+
+    theirs, ours = figures(rival), figures(chosen)
+    held = {k: v for k, v in theirs.items() if v is not None}
+    if len(held) < 2:
+        return False
+    for k, v in held.items():
+        mine = ours.get(k)
+        if mine is None or mine < v * (1 - 1e-12):
+            return False
+    return True
+
+
 def settled_early(
-    s: ValidationSummary, runs: Sequence[RepeatRecord], max_overlength_rate: float
+    s: ValidationSummary,
+    runs: Sequence[RepeatRecord],
+    max_overlength_rate: float,
+    known_overlength: Mapping[int, float] | None = None,
 ) -> bool:
     """The early look's summary (at :func:`look_confidence`) recommends a candidate whose
-    interval's lower bound lies above every other candidate's upper bound, every other
-    candidate that held its SLOs in every run so far has an interval to compare, and the
-    recommended config's and the baseline's over-length rates over ``runs`` stay below
-    ``max_overlength_rate`` by their upper bounds."""
+    interval's lower bound lies above every other candidate's upper bound, except a rival
+    that cannot be recommended (a run of it broke the SLOs) or that never led it
+    (:func:`never_led`); every other candidate that held its SLOs in every run so far has an
+    interval to compare; and the recommended config's and the baseline's over-length rates
+    stay within ``max_overlength_rate``: by their pooled rate over every planned run where
+    ``known_overlength`` (:func:`final_overlength`) has it, else by the upper bound of their
+    rates over ``runs``."""
     if s.verdict != "recommend" or s.chosen is None:
         return False
+    known = known_overlength or {}
     for trial in (s.chosen, s.baseline_trial):
+        if trial in known:
+            if known[trial] > max_overlength_rate + 1e-12:
+                return False
+            continue
         bound = overlength_bound([r for r in runs if r.trial_number == trial], s.confidence)
         if bound is None or bound > max_overlength_rate:
             return False
@@ -82,12 +171,29 @@ def settled_early(
     if top is None or top.interval is None or not math.isfinite(top.interval.low):
         return False
     for c in s.candidates:
-        if c.trial_number == s.chosen:
-            continue
+        if c.trial_number == s.chosen or c.slo_held < c.runs or c.held.study is False:
+            continue  # a run of it broke the SLOs: it can never be recommended
         if c.interval is None:
-            if c.slo_held == c.runs:
-                return False  # held every run yet unpaired: nothing says it cannot win
-            continue
-        if c.interval.high >= top.interval.low:
+            return False  # held every run yet unpaired: nothing says it cannot win
+        if c.interval.high >= top.interval.low and not never_led(
+            s.mode, c.trial_number, s.chosen, runs
+        ):
             return False
     return True
+
+
+def passed_over(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int, ...]:
+    """The rivals a settled look passed over by :func:`never_led` alone: held every run,
+    their intervals overlapping the recommended config's."""
+    top = s.candidate(s.chosen)
+    if s.chosen is None or top is None or top.interval is None:
+        return ()
+    return tuple(
+        c.trial_number
+        for c in s.candidates
+        if c.trial_number != s.chosen
+        and c.slo_held == c.runs
+        and c.held.study is not False
+        and c.interval is not None
+        and c.interval.high >= top.interval.low
+    )

@@ -30,7 +30,13 @@ from autotune.tuning.measure.candidates import (
     start_of,
     told_apart,
 )
-from autotune.tuning.measure.early_look import look_after, look_confidence, settled_early
+from autotune.tuning.measure.early_look import (
+    final_overlength,
+    look_after,
+    look_confidence,
+    passed_over,
+    settled_early,
+)
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.noise import NoiseRecord
 from autotune.tuning.measure.runner_protocol import Keepable, Runner
@@ -50,6 +56,7 @@ from autotune.tuning.run.events import (
     ValidationSettledEarly,
     ValidationStart,
 )
+from autotune.tuning.search.plan import overlength_rate
 from autotune.workload.build import workload_sample
 from autotune.workload.core import Workload
 
@@ -165,9 +172,12 @@ async def run_validation(
                 stopped = "timeout"
                 break
             if look is not None and rec.repeat_index >= look:
-                if _settled_at(cfg, store, name, look, noise):
+                settled = _settled_at(
+                    cfg, store, name, look, noise, _lengths(cfg, samples, vocab_size)
+                )
+                if settled is not None:
                     dropped = store.drop_pending_repeats(name)
-                    emit(ValidationSettledEarly(look, cfg.validation_repeats, dropped))
+                    emit(ValidationSettledEarly(look, cfg.validation_repeats, dropped, *settled))
                     break
                 look = None  # one look: the runs go on to the plan's end
             if not store.claim_repeat(rec.id):
@@ -226,16 +236,51 @@ async def run_validation(
 
 
 def _settled_at(
-    cfg: StudyConfig, store: Store, name: str, look: int, noise: NoiseRecord | None
-) -> bool:
-    """The early look (docs/tuning.md#7-validation, "Stopping early"): every run of the
-    first ``look`` repeats done, and their verdict at the look's confidence settled."""
-    runs = [r for r in store.repeats(name) if r.repeat_index < look]
+    cfg: StudyConfig,
+    store: Store,
+    name: str,
+    look: int,
+    noise: NoiseRecord | None,
+    predict: Callable[[RepeatRecord], tuple[float, int] | None],
+) -> tuple[int | None, tuple[int, ...]] | None:
+    """The early look (docs/tuning.md#7-validation, "Stopping early"): when every run of the
+    first ``look`` repeats is done and their verdict at the look's confidence is settled,
+    the recommended trial and the rivals passed over because they never led it; else None
+    (``predict``: a run's over-length rate and size from its sample's lengths)."""
+    every = store.repeats(name)
+    runs = [r for r in every if r.repeat_index < look]
     if any(r.state != "COMPLETE" for r in runs):
-        return False
+        return None
     conf = look_confidence(cfg.strategy.validate_.confidence)
     s = summary_of(cfg, runs, store.trials(name), noise, confidence=conf)
-    return s is not None and settled_early(s, runs, cfg.slo.max_overlength_rate)
+    if s is None or s.verdict != "recommend":
+        return None
+    known = final_overlength(every, predict)
+    if not settled_early(s, runs, cfg.slo.max_overlength_rate, known):
+        return None
+    return s.chosen, passed_over(s, runs)
+
+
+def _lengths(
+    cfg: StudyConfig, samples: dict[int, Workload], vocab_size: int
+) -> Callable[[RepeatRecord], tuple[float, int] | None]:
+    """A run's over-length rate as its sample's lengths predict it, and the sample's size
+    (None without a ``max_model_len`` in its engine args); samples drawn here are kept for
+    the runs."""
+
+    def predict(run: RepeatRecord) -> tuple[float, int] | None:
+        mml = run.engine_args.get("max_model_len")
+        if mml is None:
+            return None
+        if run.workload_seed not in samples:
+            samples[run.workload_seed] = workload_sample(
+                cfg, run.workload_seed, vocab_size=vocab_size
+            )[0]
+        reqs = samples[run.workload_seed].requests
+        rate = overlength_rate(int(mml), [q.prompt_len for q in reqs], [q.output_len for q in reqs])
+        return rate, len(reqs)
+
+    return predict
 
 
 def _kept_for(

@@ -180,11 +180,15 @@ class ValidationRunDone:
 @dataclass(frozen=True)
 class ValidationSettledEarly:
     """The early look settled the verdict (docs/tuning.md#7-validation, "Stopping early"):
-    ``repeats`` of ``planned`` repeats ran, ``dropped`` runs were not needed."""
+    ``repeats`` of ``planned`` repeats ran, ``dropped`` runs were not needed; ``passed``: the
+    rivals whose intervals still overlapped the recommended config's (``chosen``) but never
+    measured above it on a shared sample."""
 
     repeats: int
     planned: int
     dropped: int
+    chosen: int | None = None
+    passed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
