@@ -89,7 +89,7 @@ def test_a_time_limited_fit_keeps_its_errors_inside_the_limit(
     reserve, not only the iterations: a fake CPU clock that every evaluation advances by 1 s
     counts what the fit spent."""
     clock = [0.0]
-    monkeypatch.setattr("autotune.calibrate.robust.time.process_time", lambda: clock[0])
+    monkeypatch.setattr("autotune.calibrate.robust.time.thread_time", lambda: clock[0])
 
     def residual(p: np.ndarray) -> np.ndarray:  # Rosenbrock's valley: many small steps
         clock[0] += 1.0

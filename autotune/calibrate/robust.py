@@ -110,13 +110,13 @@ def robust_fit(
             jac[:, j] = (evaluate(vj)[0] - u) / diff_step
         return jac
 
-    t0 = time.process_time()
+    t0 = time.thread_time()
     u, cost = evaluate(x)
     lam = 1e-2
     # an iteration is a Jacobian and about two trial steps; the errors, four per parameter
     ahead = x.size + 2 + (4 * x.size if errors else 0) + reserve_evals
     for it in range(max_iter):
-        spent = time.process_time() - t0
+        spent = time.thread_time() - t0
         # the first iteration always runs: a fit that never moves from its start is no fit
         if it and time_limit_s is not None and spent + spent / evals[0] * ahead > time_limit_s:
             break

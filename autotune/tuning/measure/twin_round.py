@@ -174,7 +174,7 @@ def screen(
     ``max_configs`` configs."""
     proto = Protocol(cfg.strategy.capacity_resolution, 0.0)
     seen: dict[str, tuple[dict[str, Any], float]] = {}
-    t0 = time.process_time()
+    t0 = time.thread_time()
 
     def value(ea: dict[str, Any]) -> float:
         key = args_key(ea)
@@ -192,7 +192,7 @@ def screen(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.create_study(direction="maximize", sampler=sampler)
-        while len(seen) < max_configs and time.process_time() - t0 < cpu_s:
+        while len(seen) < max_configs and time.thread_time() - t0 < cpu_s:
             trial = study.ask()
             ea = suggest(trial, bounds).engine_args()
             study.tell(trial, value(ea))
@@ -219,7 +219,7 @@ def twin_round(
     moves; ``start`` a calibrated profile the fit's prior is centred on; ``previous`` the
     stored form of the previous round, whose constants the fit begins at and whose best
     configs the screen measures again first. The fit may take up to 40 % of ``cpu_s``."""
-    t0 = time.process_time()
+    t0 = time.thread_time()
     hw = twin_hardware(start, f"{base.name}+twin") if start is not None else base
     targets, observed = level_targets(cfg, wl, trials)
     cal: Calibration | None = None
@@ -243,7 +243,7 @@ def twin_round(
     seeds = [t.engine_args for t in measured] + [
         r["engine_args"] for r in (previous or {}).get("ranked", [])
     ]
-    left = max(1.0, cpu_s - (time.process_time() - t0))
+    left = max(1.0, cpu_s - (time.thread_time() - t0))
     ranked = screen(cfg, hw, wl, bounds, seeds=seeds, cpu_s=left, seed=seed)
     pred = {args_key(ea): v for ea, v in ranked}
     measured_pred = {
@@ -278,7 +278,7 @@ def twin_round(
         gain,
         stop,
         len(ranked),
-        time.process_time() - t0,
+        time.thread_time() - t0,
         spec,
         None if stop or nxt is None else nxt[1],
         len(measured),
