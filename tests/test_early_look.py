@@ -16,7 +16,7 @@ from autotune.tuning.measure.early_look import (
     overlength_bound,
     settled_early,
 )
-from autotune.tuning.measure.interval import Run, summarize
+from autotune.tuning.measure.interval import runs_of, summarize
 
 
 @pytest.mark.parametrize(
@@ -136,18 +136,7 @@ def test_a_rival_that_never_led_on_a_shared_sample() -> None:
 
 def _summary(runs: list[RepeatRecord], limit: float = 0.01) -> Any:
     return summarize(
-        [
-            Run(
-                r.repeat_index,
-                r.trial_number,
-                r.role == "baseline",
-                bool(r.slo_held),
-                r.capacity_scale if r.slo_held else None,
-                r.overlength_rate,
-                r.requests,
-            )
-            for r in runs
-        ],
+        runs_of("slo-capacity", runs),
         mode="slo-capacity",
         baseline_trial=0,
         repeats=3,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
 
 from autotune.store import RepeatRecord
-from autotune.tuning.measure.interval import ValidationSummary, figure_of
+from autotune.tuning.measure.interval import CandidateSummary, ValidationSummary, runs_of
 from autotune.tuning.measure.validation_plan import block_size
 
 __all__ = [
@@ -115,21 +115,10 @@ def final_overlength(
 
 def never_led(mode: str, rival: int, chosen: int, runs: Sequence[RepeatRecord]) -> bool:
     """On every repeat where ``rival`` held its SLOs, ``chosen`` held them too and measured at
-    least its figure (the mode's, :func:`figure_of`), with at least two such repeats."""
+    least its figure (the mode's, :func:`runs_of`), with at least two such repeats."""
 
     def figures(trial: int) -> dict[int, float | None]:
-        return {
-            r.repeat_index: figure_of(
-                mode,
-                capacity_scale=r.capacity_scale,
-                objective=r.objective,
-                worst_margin=r.worst_margin,
-            )
-            if r.slo_held
-            else None
-            for r in runs
-            if r.trial_number == trial and r.state == "COMPLETE"
-        }
+        return {r.repeat: r.figure for r in runs_of(mode, runs) if r.trial_number == trial}
 
     theirs, ours = figures(rival), figures(chosen)
     held = {k: v for k, v in theirs.items() if v is not None}
@@ -170,9 +159,7 @@ def settled_early(
     top = s.candidate(s.chosen)
     if top is None or top.interval is None or not math.isfinite(top.interval.low):
         return False
-    for c in s.candidates:
-        if c.trial_number == s.chosen or c.slo_held < c.runs or c.held.study is False:
-            continue  # a run of it broke the SLOs: it can never be recommended
+    for c in _rivals(s):
         if c.interval is None:
             return False  # held every run yet unpaired: nothing says it cannot win
         if c.interval.high >= top.interval.low and not never_led(
@@ -182,18 +169,24 @@ def settled_early(
     return True
 
 
-def passed_over(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int, ...]:
-    """The rivals a settled look passed over by :func:`never_led` alone: held every run,
-    their intervals overlapping the recommended config's."""
+def _rivals(s: ValidationSummary) -> list[CandidateSummary]:
+    """The candidates other than the recommended one that could still be recommended: each
+    held the SLOs in every run so far, the study's included (one broken run rules a config
+    out, since every run must hold them)."""
+    return [
+        c
+        for c in s.candidates
+        if c.trial_number != s.chosen and c.slo_held == c.runs and c.held.study is not False
+    ]
+
+
+def passed_over(s: ValidationSummary) -> tuple[int, ...]:
+    """The rivals a settled look passed over by :func:`never_led` alone: their intervals
+    overlapping the recommended config's."""
     top = s.candidate(s.chosen)
     if s.chosen is None or top is None or top.interval is None:
         return ()
+    low = top.interval.low
     return tuple(
-        c.trial_number
-        for c in s.candidates
-        if c.trial_number != s.chosen
-        and c.slo_held == c.runs
-        and c.held.study is not False
-        and c.interval is not None
-        and c.interval.high >= top.interval.low
+        c.trial_number for c in _rivals(s) if c.interval is not None and c.interval.high >= low
     )

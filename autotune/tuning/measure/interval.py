@@ -44,6 +44,7 @@ __all__ = [
     "candidate_rank",
     "figure_of",
     "paired_interval",
+    "runs_of",
     "summarize",
     "summary_of",
     "t_quantile",
@@ -336,6 +337,31 @@ def summarize(
     )
 
 
+def runs_of(mode: str, repeats: Sequence[RepeatRecord]) -> list[Run]:
+    """The finished ``repeats`` as the decision sees them: each with the mode's figure
+    (:func:`figure_of`) when its SLOs held."""
+    return [
+        Run(
+            r.repeat_index,
+            r.trial_number,
+            r.role == "baseline",
+            bool(r.slo_held),
+            figure_of(
+                mode,
+                capacity_scale=r.capacity_scale,
+                objective=r.objective,
+                worst_margin=r.worst_margin,
+            )
+            if r.slo_held
+            else None,
+            r.overlength_rate,
+            r.requests,
+        )
+        for r in repeats
+        if r.state == "COMPLETE"
+    ]
+
+
 def summary_of(
     cfg: StudyConfig,
     repeats: Sequence[RepeatRecord],
@@ -350,26 +376,7 @@ def summary_of(
     if not repeats:
         return None
     base = next((r.trial_number for r in repeats if r.role == "baseline"), -1)
-    runs = [
-        Run(
-            r.repeat_index,
-            r.trial_number,
-            r.role == "baseline",
-            bool(r.slo_held),
-            figure_of(
-                cfg.mode,
-                capacity_scale=r.capacity_scale,
-                objective=r.objective,
-                worst_margin=r.worst_margin,
-            )
-            if r.slo_held
-            else None,
-            r.overlength_rate,
-            r.requests,
-        )
-        for r in repeats
-        if r.state == "COMPLETE"
-    ]
+    runs = runs_of(cfg.mode, repeats)
     v = cfg.strategy.validate_
     return summarize(
         runs,

@@ -254,11 +254,11 @@ def _settled_at(
     conf = look_confidence(cfg.strategy.validate_.confidence)
     s = summary_of(cfg, runs, store.trials(name), noise, confidence=conf)
     if s is None or s.verdict != "recommend":
-        return None
+        return None  # settled_early says no too; this draws no sample for a look that cannot stop
     known = final_overlength(every, predict)
     if not settled_early(s, runs, cfg.slo.max_overlength_rate, known):
         return None
-    return s.chosen, passed_over(s, runs)
+    return s.chosen, passed_over(s)
 
 
 def _lengths(
