@@ -15,14 +15,18 @@ from support.studies import config
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.profiles.hardware import get_hardware
+from autotune.profiles.models import get_model
 from autotune.store import Store
-from autotune.tuning.measure.capacity import CapacitySearch, Lattice
+from autotune.tuning.measure.capacity import LEAN, CapacitySearch, Lattice
 from autotune.tuning.measure.cost import study_cost
-from autotune.tuning.measure.level_plan import SettleBar
-from autotune.tuning.measure.scoring import LevelScore
+from autotune.tuning.measure.level_plan import LevelPlan, SettleBar, measure
+from autotune.tuning.measure.scoring import LevelScore, score_level
+from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.settling import settle_bar, tpe_good_group
+from autotune.workload.build import build_workload
 
 LAT = Lattice(0.25, 4.0, 0.01)
 
@@ -85,6 +89,57 @@ def test_a_near_miss_is_a_failure_within_the_noise_band() -> None:
     # no band measured yet: one lattice step stands in for it
     assert SettleBar(2.0, 3).near(score(0.005), LAT)
     assert not SettleBar(2.0, 3).near(score(0.02), LAT)
+
+
+def test_a_new_best_climbs_by_half_the_points_its_headroom_spans() -> None:
+    # held at the settle point with p99 at 80 % of its SLO: 1/0.8 spans 22.4 points of 1 %,
+    # so the climb starts 11 points up; with no headroom figure, 1 point up as before
+    assert LAT.steps(1.01**7) == pytest.approx(7.0)
+    roomy = CapacitySearch(LAT, settle=200)
+    assert roomy.next_index() == 200
+    roomy.record(200, True, margin=0.8)
+    assert roomy.next_index() == 211
+    for margin in (None, 0.995, 1.0):
+        s = CapacitySearch(LAT, settle=200)
+        s.next_index()
+        s.record(200, True, margin=margin)
+        assert s.next_index() == 201
+    # only a held settle point's first run moves the climb; the answer does not change
+    for capacity in (200, 203, 215, 260):
+        s = CapacitySearch(LAT, settle=200, lean=LEAN)
+        while (k := s.next_index()) is not None:
+            s.record(k, k <= capacity, margin=0.8 if k <= capacity else 1.2)
+        assert s.result().index == capacity
+
+
+async def test_a_settle_points_first_run_stops_only_past_the_noise_band() -> None:
+    cfg, _ = config(workload={"num_prompts": 200})
+    plan = LevelPlan.of(cfg)
+    wl = build_workload(cfg.workload)
+    model, hw = get_model("meta-llama/Llama-3.1-8B-Instruct"), get_hardware("A100-80GB")
+    runner = VirtualRunner(
+        model,
+        hw,
+        model_name="m",
+        static_args={},
+        seed=7,
+        jitter_cv=0.0,
+        early_stop=plan.early_stop,
+    )
+    await runner.start({"max_num_seqs": 16}, "t")  # fails p99 TTFT at 4x
+    bar = SettleBar(4.0, 0, band_pct=3.0)
+    # stopped by the SLO itself, the level's p99 is a bound just past it: inside the band,
+    # a near miss that would be measured again
+    plain = (await runner.run_level(wl, 4.0)).metrics
+    assert plain.stop is not None
+    assert bar.near(score_level(plain, plan.slo, 4.0), LAT)
+    # as a settle point's first run it stops once p99 is past the band: settled in one level
+    m = await measure(runner, wl, plan, settle=bar)
+    assert m.capacity is not None and m.capacity.status == "settled"
+    [only] = m.levels
+    assert only.outcome.metrics.stop is not None
+    assert only.score.violations["p99_ttft"] >= 0.03
+    assert runner.early_stop == plan.early_stop  # the study's rule again for what follows
 
 
 def _study(tmp_path: Path, name: str, settle: bool) -> tuple[Store, str]:

@@ -15,6 +15,7 @@ The bound grows with ``n``, so it holds for the final set of successes when it h
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -50,6 +51,17 @@ class StopRule:
     def of(cls, s: SloConfig) -> Self:
         """The SLOs a study config states."""
         return cls(s.p99_ttft_ms, s.p99_tpot_ms, s.max_error_rate, s.max_overlength_rate)
+
+    def widened(self, factor: float) -> Self:
+        """The same rule with its latency limits times ``factor``: a level it stops breaks
+        them by more than ``factor - 1`` (a settle point's first run,
+        docs/tuning.md#14-settling-losing-trials, "Near misses")"""
+        ttft, tpot = self.p99_ttft_ms, self.p99_tpot_ms
+        return dataclasses.replace(
+            self,
+            p99_ttft_ms=ttft * factor if ttft is not None else None,
+            p99_tpot_ms=tpot * factor if tpot is not None else None,
+        )
 
     def exceeds_ttft(self, seconds: float) -> bool:
         # the same float operations as the summary's: seconds * 1000, then a strict >

@@ -16,7 +16,9 @@ they are neighbours.
   (3: the hint, then 3, 6, 12, ... points above it): a held level replays to its end and
   a failed one stops early, so overshooting upwards is the cheap mistake when the capacity
   may lie several points away (validation runs, docs/tuning.md#7-validation); for the same
-  reason ``lean`` moves bisection's probe above the middle (``LEAN``). The bracket
+  reason ``lean`` moves bisection's probe above the middle (``LEAN``). When the hint held
+  with a measured latency headroom (p99 at 80 % of its SLO spans 22 points of 1 %), the
+  first step up is :data:`ROOM_SHARE` of those points instead. The bracket
   narrows only between measured ends, so when feasibility is monotone in load both searches
   end on the same lattice point. Under noise they need not: a hint at a high load keeps
   lucky feasible points there, which is why studies search without one.
@@ -52,6 +54,7 @@ from autotune.tuning.measure.lattice import Lattice
 __all__ = [
     "MAX_RUNS",
     "REMEASURE_RUNS",
+    "ROOM_SHARE",
     "CapacityResult",
     "CapacitySearch",
     "Lattice",
@@ -72,6 +75,11 @@ Status = Literal["found", "at_top", "below_low", "stopped", "budget", "settled"]
 # Bisection's probe, as a fraction of the bracket from its feasible end, where early stop
 # ends a failed level at about a fifth of a held one (docs/tuning.md#1-the-capacity-lattice)
 LEAN = 0.6
+
+# The first step up from a held hint (a settle point, a validation run's start), as a share of
+# the lattice points its latency headroom spans (docs/tuning.md#1-the-capacity-lattice,
+# "The first step up")
+ROOM_SHARE = 0.5
 
 # Runs of one point at most: with 3 a majority always exists, and 2 agreeing runs already
 # are one (docs/tuning.md#1-the-capacity-lattice, "Noise").
@@ -174,7 +182,9 @@ class CapacitySearch:
     confirm: bool = False
     # the settle point's lattice index (the best capacity so far), measured first
     settle: int | None = None
-    climb: int = 1  # the upward gallop's first step from a held hint (then doubling)
+    # the upward gallop's first step from a held hint (then doubling), where its first run
+    # measured no latency headroom (record's ``margin``)
+    climb: int = 1
     lean: float = 0.5  # bisection's probe in the bracket: 0.5 its middle, rounded down
     runs: dict[int, list[bool]] = field(default_factory=dict)  # every run, by lattice point
     _ok: int | None = None  # bracket: measured feasible (first runs, until a contradiction)
@@ -208,12 +218,21 @@ class CapacitySearch:
     def _reruns(self) -> int:
         return sum(len(rs) - 1 for rs in self.runs.values())
 
-    def record(self, k: int, feasible: bool, *, near: bool = False) -> None:
+    def record(
+        self, k: int, feasible: bool, *, near: bool = False, margin: float | None = None
+    ) -> None:
         """The outcome of measuring lattice point ``k`` (as asked by :meth:`next_index`);
         a point measured again adds a run. ``near``: a failure by less than the server's
-        noise (only the settle point's first run uses it: it is measured again)."""
+        noise (only the settle point's first run uses it: it is measured again).
+        ``margin``: the run's worst p99 / SLO (None: not measured). When the first run of
+        the hint's point (a settle point is one) held with a measured margin, the search
+        climbs from there by :data:`ROOM_SHARE` of the lattice points its headroom spans
+        (at least 1) instead of ``climb``."""
         if k == self.settle and k not in self.runs:
             self._near = near and not feasible
+        first = self.hint is not None and k == self.lattice.index(self.hint) and k not in self.runs
+        if first and feasible and margin is not None and 0 < margin <= 1:
+            self.climb = max(1, round(ROOM_SHARE * self.lattice.steps(1 / margin)))
         if not self._noisy and self._contradicts(k, feasible):
             self._noisy = True
         self.runs.setdefault(k, []).append(feasible)

@@ -119,6 +119,11 @@ class HttpRunner:
             info.max_concurrency,
         )
 
+    def set_early_stop(self, rule: StopRule | None) -> StopRule | None:
+        """Stop the next levels by ``rule`` (:class:`~.runner_protocol.EarlyStopping`)."""
+        prev, self.early_stop = self.early_stop, rule
+        return prev
+
     async def prepare(self, workload: Workload) -> Workload:
         """``workload`` with every prompt as this trial's server should get it."""
         assert self.base_url is not None, "start() first"

@@ -40,6 +40,10 @@ class Lattice:
     def _log_step(self) -> float:
         return self.stride * math.log1p(self.resolution)
 
+    def steps(self, ratio: float) -> float:
+        """How many lattice points a load ``ratio`` spans (1.0201 at 1 %: 2.0)."""
+        return math.log(ratio) / self._log_step
+
     def index(self, scale: float) -> int:
         """The lattice point nearest ``scale`` (clipped to the lattice)."""
         if scale <= 0:

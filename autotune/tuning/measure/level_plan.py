@@ -10,7 +10,8 @@ it does around the call, through ``on_start`` and ``on_level``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from autotune.config import StudyConfig
@@ -22,8 +23,8 @@ from autotune.loadgen.stop_rule import StopRule
 from autotune.tuning.measure.capacity import LEAN, CapacityResult, CapacitySearch, Lattice
 from autotune.tuning.measure.early_stop import rule_of
 from autotune.tuning.measure.outcome import LevelOutcome
-from autotune.tuning.measure.runner_protocol import Redrawable, Runner
-from autotune.tuning.measure.scoring import LevelScore, Slo, score_level
+from autotune.tuning.measure.runner_protocol import EarlyStopping, Redrawable, Runner
+from autotune.tuning.measure.scoring import LevelScore, Slo, score_level, worst_slo_margin
 from autotune.workload.core import Workload
 from autotune.workload.sustain import sustain
 
@@ -127,12 +128,17 @@ class SettleBar:
     against: int
     band_pct: float | None = None
 
+    def band(self, lattice: Lattice) -> float:
+        """The noise band in percent: the server's, or one lattice step until measured."""
+        return self.band_pct if self.band_pct is not None else 100 * lattice.resolution
+
     def near(self, ls: LevelScore, lattice: Lattice) -> bool:
         """A failure by less than the noise: its worst violation (normalized: 0.02 is 2 %
-        over a limit) is below the band."""
-        band = self.band_pct if self.band_pct is not None else 100 * lattice.resolution
+        over a limit) is below the band. A stopped level's violation is a lower bound, so
+        the settle point's first run stops only once it is past the band
+        (:func:`measure`)."""
         miss = max(ls.violations.values(), default=0.0)
-        return not ls.feasible and 0 < 100 * miss < band
+        return not ls.feasible and 0 < 100 * miss < self.band(lattice)
 
 
 @dataclass(frozen=True)
@@ -221,7 +227,11 @@ async def measure(
         progress = on_start(scale) if on_start is not None else None
         # a sample too short for this load is looped (docs/tuning.md#13-level-length)
         wl = sustain(workload, scale, plan.min_level_s, plan.min_level_requests)
-        out = await runner.run_level(wl, scale, progress=progress)
+        widen = None  # the settle point's first run stops past the noise band
+        if settle is not None and search is not None and k == search.settle:
+            widen = None if k in search.runs else 1 + settle.band(lattice) / 100
+        with _stopping_past(runner, widen):
+            out = await runner.run_level(wl, scale, progress=progress)
         if wl is not workload:
             out = dataclasses.replace(out, sample_requests=len(workload))
         ls = score_level(
@@ -244,11 +254,30 @@ async def measure(
         rerun = None
         if search is not None and k is not None:
             near = settle is not None and settle.near(ls, lattice)
-            search.record(k, ls.feasible, near=near)
+            margin = worst_slo_margin(out.metrics, plan.slo) if plan.latency_slos else None
+            search.record(k, ls.feasible, near=near, margin=margin)
             if only_overlength(ls) or death is not None:
                 search.stop()  # no load helps: too long for max_model_len, or the worker died
     capacity = search.result() if search is not None else None
     return Measured(tuple(levels), capacity, death)
+
+
+@contextmanager
+def _stopping_past(runner: Runner, factor: float | None) -> Iterator[None]:
+    """While inside, ``runner`` stops a level only once its latency is past its limits times
+    ``factor`` (None: its own rule). A settle point's first run stops by the band
+    (docs/tuning.md#14-settling-losing-trials, "Near misses"): a stopped level's p99 is a
+    lower bound just past the limit it stopped by, which could not tell a near miss from a
+    far one."""
+    if factor is None or not isinstance(runner, EarlyStopping):
+        yield
+        return
+    rule = runner.set_early_stop(None)
+    runner.set_early_stop(rule.widened(factor) if rule is not None else None)
+    try:
+        yield
+    finally:
+        runner.set_early_stop(rule)
 
 
 def _host_limit(plan: LevelPlan, out: LevelOutcome, first: LevelScore, second: LevelScore) -> str:

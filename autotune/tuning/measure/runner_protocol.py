@@ -15,13 +15,22 @@ from typing import Any, Protocol, runtime_checkable
 
 from autotune.failures import FailureMatch
 from autotune.loadgen.sender import ProgressSnapshot
+from autotune.loadgen.stop_rule import StopRule
 from autotune.store import WorkerUsage
 from autotune.telemetry import diagnose
 from autotune.telemetry.summary import LevelTelemetry
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.workload.core import Workload
 
-__all__ = ["Keepable", "Redrawable", "Runner", "StartInfo", "offered_rate", "with_diagnosis"]
+__all__ = [
+    "EarlyStopping",
+    "Keepable",
+    "Redrawable",
+    "Runner",
+    "StartInfo",
+    "offered_rate",
+    "with_diagnosis",
+]
 
 
 @dataclass
@@ -83,6 +92,15 @@ class Redrawable(Protocol):
     it stops. Without it a repeat of a level there would replay the same floats."""
 
     def redraw(self, k: int) -> None: ...
+
+
+@runtime_checkable
+class EarlyStopping(Protocol):
+    """A runner that stops a level early (docs/tuning.md#10-early-stop-inside-a-level):
+    ``set_early_stop(rule)`` makes its next levels stop by ``rule`` (None: replay to the
+    end) and returns the rule it stopped by until then."""
+
+    def set_early_stop(self, rule: StopRule | None) -> StopRule | None: ...
 
 
 @runtime_checkable

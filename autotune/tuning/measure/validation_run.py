@@ -25,7 +25,9 @@ __all__ = ["CLIMB", "RESULT_FIELDS", "measure_block_run", "measure_run", "single
 # A run's first step up from a held start (docs/tuning.md#7-validation, "Where a run
 # starts"): a fresh sample moves a capacity by several lattice points either way, and a held
 # level replays to its end where a failed one stops early, so the search overshoots upwards
-# (3, then 6, 12, ... points) rather than climbing one held point at a time.
+# (3, then 6, 12, ... points) rather than climbing one held point at a time. A start whose
+# latency headroom was measured steps by that instead (docs/tuning.md#1-the-capacity-lattice,
+# "The first step up"), so this is the step only where no headroom was measured.
 CLIMB = 3
 
 # what a run's measurement sets on its record (the other fields say which run it is)

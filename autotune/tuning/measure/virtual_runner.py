@@ -54,6 +54,11 @@ class VirtualRunner:
         self.draw = 0  # the jitter stream (0: the study's own); see redraw()
         self.meter = UsageMeter()  # what each worker costs (docs/cost.md)
 
+    def set_early_stop(self, rule: StopRule | None) -> StopRule | None:
+        """Stop the next levels by ``rule`` (:class:`~.runner_protocol.EarlyStopping`)."""
+        prev, self.early_stop = self.early_stop, rule
+        return prev
+
     def redraw(self, k: int) -> None:
         """Draw jitter stream ``k`` for the next levels, until stop(): a repeat of a level
         with fresh noise (the server's noise, docs/tuning.md#7-validation); 0 is the
