@@ -20,12 +20,14 @@ from autotune.profiles.models import get_model
 from autotune.store import Store
 from autotune.tuning.measure.capacity import LEAN, CapacitySearch, Lattice
 from autotune.tuning.measure.cost import study_cost
+from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.level_plan import LevelPlan, SettleBar, measure
 from autotune.tuning.measure.scoring import LevelScore, score_level
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.settling import settle_bar, tpe_good_group
+from autotune.workers.sim_worker import SimWorker
 from autotune.workload.build import build_workload
 
 LAT = Lattice(0.25, 4.0, 0.01)
@@ -140,6 +142,40 @@ async def test_a_settle_points_first_run_stops_only_past_the_noise_band() -> Non
     assert only.outcome.metrics.stop is not None
     assert only.score.violations["p99_ttft"] >= 0.03
     assert runner.early_stop == plan.early_stop  # the study's rule again for what follows
+
+
+async def test_over_http_too_the_settle_points_first_run_stops_past_the_band(
+    tmp_path: Path,
+) -> None:
+    """The same rule through the HTTP runner and the load generator's stop, against the
+    simulator's API server (a real process speaking vLLM's API)."""
+    cfg, _ = config(workload={"num_prompts": 200})
+    plan = LevelPlan.of(cfg)
+    wl = build_workload(cfg.workload, vocab_size=32_000)
+    sim = SimWorker(
+        model=cfg.model.name, hardware=cfg.hardware, workdir=tmp_path / "w", time_scale=10.0
+    )
+    runner = HttpRunner(
+        sim,
+        kind="sim",
+        model_name=cfg.model.name,
+        endpoint="completions",
+        vocab_size=32_000,
+        time_scale=10.0,
+        early_stop=plan.early_stop,
+    )
+    await runner.start({"max_num_seqs": 16}, "trial-0000")
+    try:
+        # a band wider than where the load generator's stop lands (it checks every 50 ms, so
+        # its bound overshoots the SLO by more than the simulator's: 20 % here)
+        m = await measure(runner, wl, plan, settle=SettleBar(4.0, 0, band_pct=30.0))
+    finally:
+        await runner.stop()
+    assert m.capacity is not None and m.capacity.status == "settled"
+    [only] = m.levels
+    assert only.outcome.metrics.stop is not None
+    assert only.score.violations["p99_ttft"] >= 0.30
+    assert runner.early_stop == plan.early_stop
 
 
 def _study(tmp_path: Path, name: str, settle: bool) -> tuple[Store, str]:
