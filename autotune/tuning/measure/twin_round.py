@@ -165,13 +165,14 @@ def screen(
     bounds: SpaceBounds,
     *,
     seeds: Sequence[Mapping[str, Any]] = (),
+    again: Sequence[Mapping[str, Any]] = (),
     cpu_s: float = 60.0,
     max_configs: int = 200,
     seed: int = 0,
 ) -> list[tuple[dict[str, Any], float]]:
     """Configs of the space with their objective on ``hardware`` (the twin), best first:
-    ``seeds`` (the measured configs) first, then TPE until ``cpu_s`` of CPU or
-    ``max_configs`` configs."""
+    ``seeds`` (the measured configs, each needs a prediction) first, then ``again`` (the
+    previous round's best) and TPE while ``cpu_s`` of CPU and ``max_configs`` configs last."""
     proto = Protocol(cfg.strategy.capacity_resolution, 0.0)
     seen: dict[str, tuple[dict[str, Any], float]] = {}
     t0 = time.thread_time()
@@ -183,7 +184,14 @@ def screen(
             seen[key] = (ea, m.objective)
         return seen[key][1]
 
+    def spent() -> bool:
+        return len(seen) >= max_configs or time.thread_time() - t0 >= cpu_s
+
     for ea in seeds:
+        value(dict(ea))
+    for ea in again:  # only within the budget (docs/tuning.md#15-the-twin-strategy)
+        if spent():
+            break
         value(dict(ea))
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
     # no "new study created" or "trial finished" lines for the twin's own study; the
@@ -192,7 +200,7 @@ def screen(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.create_study(direction="maximize", sampler=sampler)
-        while len(seen) < max_configs and time.thread_time() - t0 < cpu_s:
+        while not spent():
             trial = study.ask()
             ea = suggest(trial, bounds).engine_args()
             study.tell(trial, value(ea))
@@ -240,11 +248,10 @@ def twin_round(
         spec = cal.spec()
         hw = twin_hardware(spec, f"{base.name}+twin")
     measured = [t for t in trials if t.state in ("COMPLETE", "PRUNED")]
-    seeds = [t.engine_args for t in measured] + [
-        r["engine_args"] for r in (previous or {}).get("ranked", [])
-    ]
+    seeds = [t.engine_args for t in measured]
+    again = [r["engine_args"] for r in (previous or {}).get("ranked", [])]
     left = max(1.0, cpu_s - (time.thread_time() - t0))
-    ranked = screen(cfg, hw, wl, bounds, seeds=seeds, cpu_s=left, seed=seed)
+    ranked = screen(cfg, hw, wl, bounds, seeds=seeds, again=again, cpu_s=left, seed=seed)
     pred = {args_key(ea): v for ea, v in ranked}
     measured_pred = {
         args_key(t.engine_args): pred.get(args_key(t.engine_args), 0.0) for t in measured
