@@ -80,7 +80,7 @@ def robust_fit(
     fit in ``time_limit_s`` of CPU at the evaluations' mean cost so far (the result is then
     the best point so far), so the whole fit stays within the limit, except that the first
     iteration always runs: where one iteration and the errors cost more than the limit, the
-    fit takes that long.
+    fit takes that long. The errors' wide step (below) is left out once the limit is spent.
 
     The standard errors come from the posterior's curvature (a central difference of
     ``cov_step`` each way) with the noise re-estimated from the residuals at the solution,
@@ -153,10 +153,15 @@ def robust_fit(
     # 2 (Q(x +- h) - Q(x)) / h^2, the lesser over steps h of 1 and 4 times cov_step: the
     # same on both sides and at every width where the residuals are linear; where a figure
     # moves only once a queue forms (a kink), steep on one side only.
+    # The wide step only while ``time_limit_s`` lasts: far from the solution the residual's
+    # evaluations can cost several times the fit's own (a simulator given extreme constants),
+    # and a caller's budget holds the errors too (docs/calibrate.md#3-the-fit).
     q0 = quad(u, x)
     rise = np.full(x.size, np.inf)
-    for j in range(x.size):
-        for k, h in enumerate(cov_step * np.array([1.0, 4.0])):
+    for k, h in enumerate(cov_step * np.array([1.0, 4.0])):
+        for j in range(x.size):
+            if k and time_limit_s is not None and time.thread_time() - t0 > time_limit_s:
+                break
             hi, lo = x.copy(), x.copy()
             hi[j] += h
             lo[j] -= h

@@ -11,6 +11,7 @@ fit's relative error per metric. Pure: the simulator runs in this process, on vi
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -149,8 +150,10 @@ def fit_twin(
     other overrides are kept). ``starts`` runs of the fit from seeded points around it, the
     best kept. Raises ValueError when nothing was measured or a fitted constant is 0 on the
     base (its log has no start). ``warm``: constants to begin at (an earlier fit's), the
-    prior staying on ``start``. ``time_limit_s``: CPU seconds for each run of the fit, its
-    errors included. With the engine core's own figures among ``measured`` the fit runs in two
+    prior staying on ``start``. ``time_limit_s``: CPU seconds for the whole fit, its errors
+    included: each run of it (a stage, a start) gets what is left divided among the runs
+    still to come, so the stages together stay within it (up to one iteration each, which
+    always runs). With the engine core's own figures among ``measured`` the fit runs in two
     stages, twice (below); ``Calibration.fit`` is then the API server's last stage.
     """
     if not measured:
@@ -161,6 +164,21 @@ def fit_twin(
     if zero:
         raise ValueError(f"cannot fit constant(s) that are 0 on {base.name}: {zero}")
     kept = _overrides(start)  # the start's other overrides stay in every candidate
+    engine = [o for o in measured if o.metric in ENGINE_METRICS]
+    steps = [c for c in names if c[0] != "front_end"]
+    two_stage = bool(engine and steps and len(steps) < len(names))
+    t0 = time.thread_time()
+    runs = [4 if two_stage else 1]  # the stage runs still to come
+
+    def share() -> float | None:
+        """This run's CPU: what is left of the fit's limit over the runs still to come."""
+        if time_limit_s is None:
+            return None
+        left = max(0.0, time_limit_s - (time.thread_time() - t0))
+        runs[0] = max(1, runs[0])
+        out = left / runs[0]
+        runs[0] -= 1
+        return out
 
     def stage(
         obs: Sequence[Observation], group: list[Constant], fixed: Mapping[Constant, float]
@@ -177,16 +195,14 @@ def fit_twin(
             warm,
             max_iter,
             starts,
-            time_limit_s,
+            share(),
         )
 
     # The engine core's own figures (observe.ENGINE_METRICS) time its steps and nothing
     # else: the step's constants are fitted to them alone, then the API server's to the
     # client's figures with those held, so what the model leaves out on the client's side
     # (its HTTP stack, a starved API server) cannot bend the step (docs/calibrate.md#3-the-fit).
-    engine = [o for o in measured if o.metric in ENGINE_METRICS]
-    steps = [c for c in names if c[0] != "front_end"]
-    if engine and steps and len(steps) < len(names):
+    if two_stage:
         client = [o for o in measured if o.metric not in ENGINE_METRICS] or engine
         front: dict[Constant, float] = {}
         for _ in range(2):
@@ -242,6 +258,7 @@ def _fit(
             ]
         )
 
+    t0 = time.thread_time()
     # The probes' figures are piecewise in the constants (a request that arrives just after a
     # step starts waits a whole step), so a damped Gauss-Newton run can stop in a local
     # dip: start it from the base and from a few seeded points around it, keep the best.
@@ -255,14 +272,19 @@ def _fit(
             prior_mean=mu,
             prior_sigma=sigma,
             max_iter=max_iter,
-            time_limit_s=time_limit_s,
+            # the starts share the run's CPU
+            time_limit_s=time_limit_s / starts if time_limit_s is not None else None,
             errors=False,
             reserve_evals=4 * x0.size,  # the best start's errors, below
         )
         for k in range(starts)
     ]
     best = min(fits, key=lambda f: f.cost).x
-    fit = robust_fit(residual, best, prior_mean=mu, prior_sigma=sigma, max_iter=0)
+    # the errors get what is left of the run's CPU (its wide step only while it lasts)
+    left = max(0.0, time_limit_s - (time.thread_time() - t0)) if time_limit_s is not None else None
+    fit = robust_fit(
+        residual, best, prior_mean=mu, prior_sigma=sigma, max_iter=0, time_limit_s=left
+    )
     values = dict(zip(names, (float(v) for v in np.exp(fit.x)), strict=True))
     # d(e^x) = e^x dx: a log-space error is a relative one
     stderr = {c: values[c] * float(s) for c, s in zip(names, fit.stderr, strict=True)}
