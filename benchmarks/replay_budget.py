@@ -2,12 +2,14 @@
 time goes").
 
 Runs one study (default `configs/quickstart.yaml` with validation on) end to end into a
-fresh SQLite file, once with the cost rules of docs/tuning.md (settling, validation from each
-config's capacity) and once without them (the baseline: every trial and validation run
-searched from the lattice's ends), and splits each run's stored search levels:
+fresh SQLite file, once with the cost rules of docs/tuning.md (settling, inferred trials,
+validation from each config's capacity) and once without them (the baseline: every trial
+and validation run searched from the lattice's ends), and splits each run's stored search
+levels:
 
 - by trial outcome: the baseline, a trial that set a new best, one that tied the best so
-  far, one below it measured in full (rules off), one settled (rules on);
+  far, one below it measured in full (rules off), one settled (rules on), one inferred from a
+  twin's levels without a worker (rules on: its levels are counted, never replayed);
 - by level: the capacity point and the next point up (the edge every capacity figure
   needs), other feasible levels (replayed to their end), other infeasible levels (cut short
   by early stop).
@@ -52,6 +54,8 @@ def outcome_of(t: TrialRecord, best: float | None) -> str:
     """The trial's outcome against the best capacity before it (``best``)."""
     if t.stage == "baseline":
         return "baseline"
+    if t.inferred_from is not None:
+        return "inferred"
     if t.state == "PRUNED":
         return "settled"
     cap = t.capacity_scale
@@ -77,7 +81,8 @@ def split(trials: list[TrialRecord]) -> dict[str, Any]:
             above = sorted(lv.scale for lv in t.levels if lv.scale > cap * (1 + 1e-9))
             up = above[0] if above else None
         for lv in t.levels:
-            s = replay_seconds(lv.metrics)
+            # an inferred trial's levels are its twin's: stored, never replayed
+            s = replay_seconds(lv.metrics) if kind != "inferred" else 0.0
             by_outcome[kind] += s
             levels[kind] += 1
             if any(x is not None and math.isclose(lv.scale, x, rel_tol=1e-9) for x in (cap, up)):
@@ -100,6 +105,8 @@ def floor_s(trials: list[TrialRecord], runs: list[Any], startup_s: float) -> flo
         return None
     search = 0.0
     for t in trials:
+        if t.inferred_from is not None:  # no worker, nothing replayed
+            continue
         levels = sorted(t.levels, key=lambda lv: lv.level_index)
         cap = t.capacity_scale
         if cap is None:
@@ -115,6 +122,7 @@ def one(path: Path, rules: bool, folder: Path) -> dict[str, Any]:
     d = yaml.safe_load(path.read_text())
     st = d.setdefault("strategy", {})
     st["settle"] = rules
+    st["infer"] = rules
     v = st.setdefault("validate", {})
     v["enabled"] = True
     v["from_capacity"] = rules
@@ -128,7 +136,9 @@ def one(path: Path, rules: bool, folder: Path) -> dict[str, Any]:
         runs = store.repeats(cfg.name)
     # the product's own counts (docs/cost.md#1-what-is-counted)
     search, validation, cost = study_cost(trials), study_cost((), runs), study_cost(trials, runs)
-    stored = sum(replay_seconds(lv.metrics) for t in trials for lv in t.levels)
+    stored = sum(
+        replay_seconds(lv.metrics) for t in trials if t.inferred_from is None for lv in t.levels
+    )
     out = split(trials)
     out.update(
         {
@@ -155,7 +165,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         off, on = one(a.config, False, Path(tmp)), one(a.config, True, Path(tmp))
     print(f"{a.config.name}: replayed seconds of the search, by trial outcome (levels)")
-    kinds = ["baseline", "new best", "tie", "below best", "settled", "infeasible"]
+    kinds = ["baseline", "new best", "tie", "below best", "settled", "inferred", "infeasible"]
     print(f"  {'':18s} {'rules off':>16s} {'rules on':>16s}")
     for k in kinds:
         cells = [

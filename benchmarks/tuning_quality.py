@@ -148,6 +148,7 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         cfg, trials, repeats, wall, cost, planned = costed_study(
             name, strategy_config(strategy, n_trials, early), seed
         )
+    replayed = [t for t in trials if t.inferred_from is None]
     recs: dict[int, Any] = {}
     for k in (b for b in BUDGETS if b <= n_trials):
         # the whole study's recommendation is the validation phase's (a prefix: the search's)
@@ -170,11 +171,13 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         "trials": len(trials),
         "n_trials": n_trials,
         "levels": sum(len(t.levels) for t in trials),
-        # engine seconds the trials' levels replayed (docs/tuning.md#10-early-stop-inside-a-level)
-        "replay_s": sum(replay_seconds(lv.metrics) for t in trials for lv in t.levels),
+        # engine seconds the trials' levels replayed (docs/tuning.md#10-early-stop-inside-a-level);
+        # an inferred trial's levels are its twin's, stored but never replayed
+        "replay_s": sum(replay_seconds(lv.metrics) for t in replayed for lv in t.levels),
         "feasible_replay_s": sum(
-            replay_seconds(lv.metrics) for t in trials for lv in t.levels if lv.feasible
+            replay_seconds(lv.metrics) for t in replayed for lv in t.levels if lv.feasible
         ),
+        "inferred": len(trials) - len(replayed),
         # what the study's workers cost, as the product counts it (docs/cost.md), and the
         # replayed seconds its stored levels add up to (the trials' and validation's; the
         # noise re-runs are not stored levels): the check of the counted figure
@@ -278,6 +281,9 @@ def cost_figures(studies: list[dict[str, Any]]) -> dict[str, Any]:
         "stored_level_hours_per_study": med_max([st["replay_s"] / 3600 for st in studies]),
         "startup_hours_per_study": med_max([st["startup_s"] / 3600 for st in studies]),
         "worker_starts_per_study": med_max([float(st["worker_starts"]) for st in studies]),
+        # trials read off a measured twin's levels, no worker started
+        # (docs/tuning.md#14-settling-losing-trials)
+        "inferred_trials": sum(int(st.get("inferred", 0)) for st in studies),
         # the plan's estimate (`study create`'s line) against the count, in % of the count
         "plan_estimate_error_pct": med_max(
             [

@@ -18,6 +18,7 @@ from autotune.tuning.run.events import (
     RunStart,
     TrialAbandoned,
     TrialDone,
+    TrialInferred,
     TrialStart,
     TwinRound,
     ValidationRunDone,
@@ -87,6 +88,8 @@ def progress_printer() -> OnEvent:
                     f"    {tag}load x{e.scale:.3f}{_rate(e.offered_rate)}: "
                     f"{progress_figures(m)} -> {verdict}"
                 )
+            case TrialInferred():
+                out.print(f"    {tag}{escape(e.line)}:")
             case WorkerFailed():
                 out.print(f"    {tag}worker failed: {e.failure_class}: {escape(e.message)}")
             case WorkerDied():  # mid-level: the level stopped, its partial results kept

@@ -94,6 +94,10 @@ class StrategyConfig(ConfigModel):
     early_stop: bool = True
     # a trial failing the best capacity so far is settled (docs/tuning.md#14-settling-losing-trials)
     settle: bool = True
+    # a trial that differs from a measured one only in a max_num_seqs neither engine reached
+    # takes that trial's levels and starts no worker
+    # (docs/tuning.md#14-settling-losing-trials, "A limit the engine never reached")
+    infer: bool = True
     # every level lasts at least min_level_s engine seconds at its load and holds at least
     # min_level_requests requests, the sample looped when it is shorter; 0 turns a minimum off
     # (docs/tuning.md#13-level-length). Capped at a day and a million requests: the looped

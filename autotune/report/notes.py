@@ -126,6 +126,12 @@ def trial_note(
         out += [f"**Bottleneck**: {d.get('kind')}. {d.get('suggestion') or ''}".rstrip(), ""]
     if t.launch_command:
         out += ["**Launch command**", "", "```", t.launch_command, "```", ""]
+    if t.inferred_from is not None:  # docs/tuning.md#14-settling-losing-trials
+        out += [
+            f"**Inferred** from trial {t.inferred_from}: the same engine but for a max_num_seqs "
+            "neither reached; its levels are that trial's, and no worker was started.",
+            "",
+        ]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -63,6 +63,7 @@ def trial_rows(
                 "why_infeasible": why_infeasible(t, mode),
                 "kv_cache_tokens": t.kv_cache_tokens,
                 "diagnosis": (t.diagnosis or {}).get("kind") if t.diagnosis else None,
+                "inferred_from": t.inferred_from,
             }
         )
     return rows

@@ -95,6 +95,9 @@ def show_rows(
                 "failure_class": t.failure_class,
                 "kv_cache_tokens": t.kv_cache_tokens,
                 "diagnosis": (t.diagnosis or {}).get("kind"),
+                # its levels are this trial's, no worker started
+                # (docs/tuning.md#14-settling-losing-trials)
+                "inferred_from": t.inferred_from,
             }
         )
     return rows
@@ -229,7 +232,11 @@ def _cells(row: dict[str, Any], wide: bool) -> dict[str, str]:
     stage = row["stage"] if wide else short_stage(row["stage"])
     return {
         "trial": str(row["trial"]),
-        "state": _STATES.get(row["state"], row["state"].lower()),
+        "state": (
+            _STATES.get(row["state"], row["state"].lower())
+            if row.get("inferred_from") is None
+            else "inferred"
+        ),
         "stage": stage,
         **{k: "-" if ea.get(k) is None else f"{ea[k]:g}" for k in ENGINE_KEYS},
         "output_tok_s": _f(row["output_tok_s"], ",.1f"),
@@ -293,6 +300,12 @@ def show_table(
             "; ≥ = at least (the top of the range), < = below the lowest load tried or, "
             "settled, below the best capacity so far"
             if any(c["capacity_rps"][:1] in ("≥", "<") for c in cells)
+            else ""
+        )
+        + (
+            "; inferred = the levels of a trial that differs only in a max_num_seqs neither "
+            "engine reached, no worker started"
+            if any(c["state"] == "inferred" for c in cells)
             else ""
         )
         + (f"; not shown: {', '.join(left)} (--wide)" if left else "")

@@ -125,7 +125,11 @@ class SimLevel:
     :func:`~autotune.loadgen.stop_rule.stopped_summary` restates it), the engine's telemetry
     over the measured replay, the engine args it ran with, resolved, the engine seconds
     replayed (warm-ups excluded), the early stop that ended it (None: none did) and the
-    measured requests' records (docs/loadgen.md#6-per-request-records)."""
+    measured requests' records (docs/loadgen.md#6-per-request-records). ``peak_running`` and
+    ``peak_kv_usage`` are the most requests the engine ran at once and its highest KV cache
+    usage (0..1) at any step, and ``preemptions`` every preemption, warm-ups included: the
+    simulator sees every step, where scraped gauges only sample them
+    (docs/tuning.md#14-settling-losing-trials)."""
 
     summary: dict[str, Any]
     telemetry: LevelTelemetry
@@ -133,6 +137,9 @@ class SimLevel:
     replay_s: float = 0.0
     stop: StopInfo | None = None
     records: tuple[RequestRecord, ...] = ()
+    peak_running: int = 0
+    peak_kv_usage: float = 0.0
+    preemptions: int = 0
 
 
 def replay_level(
@@ -186,7 +193,18 @@ def replay_level(
     t0 = start if warm else -1.0  # the measured replay only
     tel = from_sim_timeline(res, t0, float("inf"), r.max_num_batched_tokens, r.max_num_seqs)
     measured_recs = tuple(q for q in recs if not q.warmup)
-    return SimLevel(summary, tel, r, res.end - start, stop, measured_recs)
+    tl = res.timeline
+    return SimLevel(
+        summary,
+        tel,
+        r,
+        res.end - start,
+        stop,
+        measured_recs,
+        peak_running=int(tl.running.max()) if len(tl.running) else 0,
+        peak_kv_usage=float(tl.kv_usage.max()) if len(tl.kv_usage) else 0.0,
+        preemptions=res.num_preemptions,
+    )
 
 
 def _sim_stopped(

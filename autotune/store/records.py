@@ -186,6 +186,9 @@ class TrialRecord(_WorkerCostFields):
     # settled: the load scale it failed to hold, and the trial whose capacity that was
     settled_below: float | None = None
     settled_against: int | None = None
+    # inferred: the measured trial whose levels it took, starting no worker
+    # (docs/tuning.md#14-settling-losing-trials, "A limit the engine never reached")
+    inferred_from: int | None = None
     id: int | None = None
 
     def headline_level(self) -> LevelRecord | None:

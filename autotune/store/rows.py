@@ -202,6 +202,8 @@ class TrialRow(WorkerCostColumns, Base):
     # revision 0008: a settled trial's bound and the trial it was settled against
     settled_below: Mapped[float | None] = mapped_column(FiniteFloat)
     settled_against: Mapped[int | None] = mapped_column(Integer)
+    # revision 0010: the trial whose levels an inferred trial's are (no worker of its own)
+    inferred_from: Mapped[int | None] = mapped_column(Integer)
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
     levels: Mapped[list[LevelRow]] = relationship(

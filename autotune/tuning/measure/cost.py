@@ -26,7 +26,9 @@ class StudyCost:
     worker the run before kept, docs/tuning.md#7-validation, which charges no start-up);
     ``modelled``: some worker was simulated, so its
     start-up is modelled (docs/cost.md#2-the-start-up-model); ``uncounted``: records with a
-    worker but no cost (stored before costs were), left out of every figure.
+    worker but no cost (stored before costs were), left out of every figure; ``inferred``:
+    trials that took a measured twin's levels and started no worker, costing nothing
+    (docs/tuning.md#14-settling-losing-trials), not among ``trials``.
     """
 
     trials_gpu_s: float
@@ -38,6 +40,7 @@ class StudyCost:
     modelled: bool
     uncounted: int
     validation_starts: int
+    inferred: int = 0
 
     @property
     def worker_starts(self) -> int:
@@ -66,6 +69,7 @@ class StudyCost:
             "validation_starts": self.validation_starts,
             "startup_modelled": self.modelled,
             "uncounted": self.uncounted,
+            "inferred": self.inferred,
             "text": self.text,
         }
 
@@ -75,7 +79,9 @@ class StudyCost:
         starts, 0.73 h start-up; start-up modelled)``."""
         if not self.worker_starts:
             return "cost: nothing counted yet"
-        parts = f"{self.trials} trials {_h(self.trials_gpu_s)}"
+        parts = f"{self.trials + self.inferred} trials {_h(self.trials_gpu_s)}"
+        if self.inferred:
+            parts += f" ({self.inferred} inferred without a worker)"
         if self.validation_runs:
             parts += f", validation {_h(self.validation_gpu_s)}"
         how = (
@@ -96,7 +102,9 @@ def _h(seconds: float) -> str:
 
 def study_cost(trials: Iterable[TrialRecord], repeats: Iterable[RepeatRecord] = ()) -> StudyCost:
     """The cost of ``trials`` (every attempt, as stored) and the validation runs ``repeats``."""
-    t_usage, t_uncounted = _usages(trials)
+    trials = list(trials)
+    inferred = sum(1 for t in trials if t.inferred_from is not None)
+    t_usage, t_uncounted = _usages(t for t in trials if t.inferred_from is None)
     v_usage, v_uncounted = _usages(repeats)
     every = t_usage + v_usage
     return StudyCost(
@@ -109,6 +117,7 @@ def study_cost(trials: Iterable[TrialRecord], repeats: Iterable[RepeatRecord] = 
         modelled=any(u.cost_modelled for u in every),
         uncounted=t_uncounted + v_uncounted,
         validation_starts=sum(1 for u in v_usage if u.worker_startup_s > 0),
+        inferred=inferred,
     )
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ServiceError, WorkerStartupError
 from autotune.failures import FailureMatch
+from autotune.loadgen.bench_stats import RequestRecord, peak_concurrency
 from autotune.loadgen.client import make_session
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.load_options import LoadOptions
@@ -25,7 +26,7 @@ from autotune.loadgen.tokens import prepare_for_server, server_tokens
 from autotune.store import WorkerUsage
 from autotune.telemetry import PrometheusTelemetry, Scraper, publish_sd_target
 from autotune.telemetry.summary import LevelTelemetry, from_scrape
-from autotune.tuning.measure.outcome import LevelDeath, LevelOutcome
+from autotune.tuning.measure.outcome import EnginePeaks, LevelDeath, LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo, offered_rate, with_diagnosis
 from autotune.tuning.measure.usage import StartupModel, UsageMeter
 from autotune.workers.devices import devices_held
@@ -216,6 +217,7 @@ class HttpRunner:
             )
         elif scraper.result is not None and scraper.result.before is not None:
             tel = from_scrape(scraper.result, max_num_seqs=mns, max_num_batched_tokens=mnbt)
+        out.peaks = client_peaks(res.records, tel)
         return with_diagnosis(out, tel, mns or 0, mnbt or 0)
 
     def _flag_partial(self, out: LevelOutcome, res: LoadResult, planned: int) -> None:
@@ -262,3 +264,17 @@ class HttpRunner:
             return None
         modelled = self.startup_model is not None
         return self.meter.split(None if modelled else self.worker.lifetime_s() or 0.0)
+
+
+def client_peaks(records: Sequence[RequestRecord], tel: LevelTelemetry | None) -> EnginePeaks:
+    """The engine at its busiest as a client can know it for certain: the most requests in
+    flight at once (sent, not yet finished or cancelled; warm-ups included, on the same
+    clock), which the engine's running count cannot exceed; the scraped KV usage's highest
+    sample and the preemption counter's delta, when scraped
+    (docs/tuning.md#14-settling-losing-trials)."""
+    running = peak_concurrency((r.sent_at, r.finished_at) for r in records if r.sent_at is not None)
+    kv = tel.gauges.get("kv_usage") if tel is not None else None
+    pre = tel.counters.get("preemptions") if tel is not None and tel.has_deltas else None
+    return EnginePeaks(
+        running, kv.max if kv is not None else None, int(pre) if pre is not None else None
+    )

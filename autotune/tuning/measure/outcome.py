@@ -26,7 +26,7 @@ from autotune.tuning.measure.scoring import LevelScore
 from autotune.workers.watch import DeathReport
 from autotune.workload.sustain import looped_stored
 
-__all__ = ["LevelDeath", "LevelOutcome", "level_record", "replay_seconds"]
+__all__ = ["EnginePeaks", "LevelDeath", "LevelOutcome", "level_record", "replay_seconds"]
 
 _REPLAY_S = "replay_s"  # seconds replayed, in a stored level's metrics
 
@@ -84,6 +84,21 @@ class LevelDeath:
         }
 
 
+@dataclass(frozen=True)
+class EnginePeaks:
+    """What a level asked of the engine at its busiest, the facts that say whether a limit
+    bound (docs/tuning.md#14-settling-losing-trials, "A limit the engine never reached"):
+    ``running``, the most requests that can have run at once, known for certain (the
+    in-process simulator counts every step; over HTTP, the client's most requests in flight,
+    warm-ups and cancelled ones included, which the engine's count cannot exceed);
+    ``kv_usage``, the highest KV cache usage seen (0..1; scraped gauges sample it; None: not
+    known); ``preemptions`` during the level (None: not known)."""
+
+    running: int
+    kv_usage: float | None
+    preemptions: int | None
+
+
 @dataclass
 class LevelOutcome:
     """One level a runner replayed: its load (``scale`` times the workload's rate, the
@@ -106,6 +121,8 @@ class LevelOutcome:
     # the measured requests' records, held until the trial stores the level (and them when
     # the study keeps them, docs/loadgen.md#6-per-request-records)
     requests: Sequence[RequestRecord] = ()
+    # the engine at its busiest (None: not known)
+    peaks: EnginePeaks | None = None
 
     @property
     def stop(self) -> StopInfo | None:

@@ -22,6 +22,7 @@ from autotune.loadgen.request_log import encode_requests
 from autotune.loadgen.sender import ProgressSnapshot
 from autotune.store import Store, TrialRecord
 from autotune.tuning.attrs import constraint_names, constraint_order
+from autotune.tuning.measure.inferred import Inferred
 from autotune.tuning.measure.level_plan import (
     LevelPlan,
     Measured,
@@ -43,6 +44,7 @@ from autotune.tuning.run.events import (
     LevelStart,
     OnEvent,
     TrialDone,
+    TrialInferred,
     TrialStart,
     WorkerDied,
     WorkerFailed,
@@ -86,15 +88,17 @@ class TrialOutcome:
     retry: str | None = None
     # the server's noise, when the caller asked for it (the baseline, once per study)
     noise: NoiseRecord | None = None
+    # the levels as measured (or inferred), for a later trial to stand on
+    # (autotune/tuning/measure/inferred.py); () when the worker failed
+    levels: tuple[MeasuredLevel, ...] = ()
 
 
-async def _replay(
-    setup: TrialSetup, rec: TrialRecord, number: int, settle: SettleBar | None
-) -> tuple[Measured | None, str | None]:
-    """Measure the started worker in the study's mode (:func:`measure`), storing each level
-    (in ``rec.levels``) and emitting its events. Returns the measurement and the failure
-    class if the worker died."""
-    runner, store = setup.runner, setup.store
+def _level_sink(
+    setup: TrialSetup, rec: TrialRecord, number: int
+) -> tuple[Callable[[float], Callable[[ProgressSnapshot], None]], Callable[[MeasuredLevel], None]]:
+    """The callbacks that store each level (in ``rec.levels``) and emit its events: one
+    called as a level starts, one as it is scored."""
+    store = setup.store
     emit = setup.on_event or (lambda _e: None)
     assert rec.id is not None
     rec_id = rec.id
@@ -131,8 +135,18 @@ async def _replay(
         rec.levels.append(lvl)
         emit(LevelDone(number, ls.scale, out.offered_rate, ls.feasible, out.metrics, ls.texts))
 
+    return start, done
+
+
+async def _replay(
+    setup: TrialSetup, rec: TrialRecord, number: int, settle: SettleBar | None
+) -> tuple[Measured | None, str | None]:
+    """Measure the started worker in the study's mode (:func:`measure`), storing each level
+    (in ``rec.levels``) and emitting its events. Returns the measurement and the failure
+    class if the worker died."""
+    start, done = _level_sink(setup, rec, number)
     measured = await measure(
-        runner,
+        setup.runner,
         setup.workload,
         setup.plan,
         hint=setup.capacity_hint,
@@ -155,6 +169,7 @@ async def run_trial(
     first_attempt: bool = False,
     noise: bool = False,
     settle: SettleBar | None = None,
+    inferred: Inferred | None = None,
 ) -> TrialOutcome:
     """Run one configuration end to end. Never raises for a worker failure; re-raises
     cancellation after stopping the worker and marking the stored trial FAIL.
@@ -163,7 +178,9 @@ async def run_trial(
     instead of being its verdict. ``noise``: after the search, replay its boundary level
     twice more on the same worker (the server's noise, docs/tuning.md#7-validation).
     ``settle``: measure the best capacity so far first and stop there if it fails
-    (docs/tuning.md#14-settling-losing-trials); the trial ends PRUNED, its capacity bounded."""
+    (docs/tuning.md#14-settling-losing-trials); the trial ends PRUNED, its capacity bounded.
+    ``inferred``: the trial's levels, read off a measured twin (``inferred.py``): no worker
+    starts, the levels are stored and scored as measured ones are."""
     cfg, runner, store = setup.cfg, setup.runner, setup.store
     noise_rec: NoiseRecord | None = None
     emit = setup.on_event or (lambda _e: None)
@@ -184,50 +201,12 @@ async def run_trial(
     emit(TrialStart(number, stage, dict(engine_args), position))
     failure: str | None = None
     measured: Measured | None = None
-    try:
-        try:
-            info = await runner.start(engine_args, f"trial-{number:04d}")
-        except WorkerStartupError as exc:
-            failure = str(exc.failure_class)
-            tail = getattr(exc, "log_tail", None) or str(exc)
-            # what start-up established before the failure (/health answered, then the
-            # smoke request failed): startup time and KV capacity
-            known = {
-                k: getattr(exc, k)
-                for k in ("startup_s", "kv_cache_tokens", "max_concurrency")
-                if getattr(exc, k, None) is not None
-            }
-            store.update_trial(rec.id, failure_class=failure, log_tail=tail[-8000:], **known)
-            rec.failure_class, rec.log_tail = failure, tail[-8000:]
-            for k, v in known.items():
-                setattr(rec, k, v)
-            emit(WorkerFailed(number, failure, str(exc).splitlines()[0][:300]))
-        else:
-            rec.launch_command, rec.launch_argv = info.command, list(info.argv)
-            rec.startup_s, rec.kv_cache_tokens = info.startup_s, info.kv_cache_tokens
-            rec.max_concurrency = info.max_concurrency
-            store.update_trial(
-                rec.id,
-                launch_command=info.command,
-                launch_argv=list(info.argv),
-                startup_s=info.startup_s,
-                kv_cache_tokens=info.kv_cache_tokens,
-                max_concurrency=info.max_concurrency,
-            )
-            measured, failure = await _replay(setup, rec, number, settle)
-            if noise and measured is not None and failure is None:
-                noise_rec = await measure_noise(
-                    runner, setup.workload, setup.plan, measured, trial=number
-                )
-    except BaseException:
-        # when the database is what failed, the error that says so is the one to keep: the
-        # row is reconciled by the next start (docs/faults.md#4-database-outages)
-        with contextlib.suppress(ServiceError):
-            store.update_trial(rec.id, state="FAIL", finished_at=datetime.now(UTC))
-        raise
-    finally:
-        await runner.stop()
-        _store_usage(store, rec, runner)
+    if inferred is not None:
+        measured = _take_inferred(setup, rec, number, inferred)
+    else:
+        measured, failure, noise_rec = await _on_worker(
+            setup, rec, number, engine_args, noise=noise, settle=settle
+        )
     names = constraint_names(cfg)
     if first_attempt and failure in RETRYABLE:
         return _attempt_failed(store, rec, failure, names)
@@ -279,7 +258,89 @@ async def run_trial(
             rec,
         )
     )
-    return TrialOutcome(score, rec, failure, noise=noise_rec)
+    kept = measured.levels if measured is not None and failure is None else ()
+    return TrialOutcome(score, rec, failure, noise=noise_rec, levels=kept)
+
+
+def _take_inferred(
+    setup: TrialSetup, rec: TrialRecord, number: int, inferred: Inferred
+) -> Measured:
+    """Store an inferred trial's levels as a measured trial's are, with the twin they were
+    read from; no worker starts, so nothing is charged (docs/cost.md#1-what-is-counted)."""
+    assert rec.id is not None
+    rec.inferred_from = inferred.twin
+    setup.store.update_trial(rec.id, inferred_from=inferred.twin)
+    if setup.on_event is not None:
+        setup.on_event(TrialInferred(number, inferred.line()))
+    start, done = _level_sink(setup, rec, number)
+    for level in inferred.measured.levels:
+        start(level.outcome.scale)
+        done(level)
+    return inferred.measured
+
+
+async def _on_worker(
+    setup: TrialSetup,
+    rec: TrialRecord,
+    number: int,
+    engine_args: Mapping[str, Any],
+    *,
+    noise: bool,
+    settle: SettleBar | None,
+) -> tuple[Measured | None, str | None, NoiseRecord | None]:
+    """Start the trial's worker, measure it (and the server's noise when asked), stop it and
+    store what it cost. Returns the measurement, the failure class and the noise record."""
+    runner, store = setup.runner, setup.store
+    assert rec.id is not None
+    emit = setup.on_event or (lambda _e: None)
+    failure: str | None = None
+    measured: Measured | None = None
+    noise_rec: NoiseRecord | None = None
+    try:
+        try:
+            info = await runner.start(engine_args, f"trial-{number:04d}")
+        except WorkerStartupError as exc:
+            failure = str(exc.failure_class)
+            tail = getattr(exc, "log_tail", None) or str(exc)
+            # what start-up established before the failure (/health answered, then the
+            # smoke request failed): startup time and KV capacity
+            known = {
+                k: getattr(exc, k)
+                for k in ("startup_s", "kv_cache_tokens", "max_concurrency")
+                if getattr(exc, k, None) is not None
+            }
+            store.update_trial(rec.id, failure_class=failure, log_tail=tail[-8000:], **known)
+            rec.failure_class, rec.log_tail = failure, tail[-8000:]
+            for k, v in known.items():
+                setattr(rec, k, v)
+            emit(WorkerFailed(number, failure, str(exc).splitlines()[0][:300]))
+        else:
+            rec.launch_command, rec.launch_argv = info.command, list(info.argv)
+            rec.startup_s, rec.kv_cache_tokens = info.startup_s, info.kv_cache_tokens
+            rec.max_concurrency = info.max_concurrency
+            store.update_trial(
+                rec.id,
+                launch_command=info.command,
+                launch_argv=list(info.argv),
+                startup_s=info.startup_s,
+                kv_cache_tokens=info.kv_cache_tokens,
+                max_concurrency=info.max_concurrency,
+            )
+            measured, failure = await _replay(setup, rec, number, settle)
+            if noise and measured is not None and failure is None:
+                noise_rec = await measure_noise(
+                    runner, setup.workload, setup.plan, measured, trial=number
+                )
+    except BaseException:
+        # when the database is what failed, the error that says so is the one to keep: the
+        # row is reconciled by the next start (docs/faults.md#4-database-outages)
+        with contextlib.suppress(ServiceError):
+            store.update_trial(rec.id, state="FAIL", finished_at=datetime.now(UTC))
+        raise
+    finally:
+        await runner.stop()
+        _store_usage(store, rec, runner)
+    return measured, failure, noise_rec
 
 
 def _keep_requests(setup: TrialSetup, level_id: int, out: LevelOutcome) -> None:

@@ -17,7 +17,7 @@ from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim import EngineArgs, jitter_seed, plan_memory, replay_level, sim_engine_args
 from autotune.store import WorkerUsage
-from autotune.tuning.measure.outcome import LevelOutcome
+from autotune.tuning.measure.outcome import EnginePeaks, LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo, offered_rate, with_diagnosis
 from autotune.tuning.measure.usage import UsageMeter, sim_startup_s
 from autotune.workers.devices import devices_held
@@ -125,6 +125,7 @@ class VirtualRunner:
             metrics,
             replay_s=level.replay_s,
             requests=level.records,
+            peaks=EnginePeaks(level.peak_running, level.peak_kv_usage, level.preemptions),
         )
         self.meter.replayed(level.replay_s)
         r = level.args

@@ -28,6 +28,7 @@ __all__ = [
     "RunStart",
     "TrialAbandoned",
     "TrialDone",
+    "TrialInferred",
     "TrialStart",
     "TwinRound",
     "ValidationDone",
@@ -92,6 +93,14 @@ class TrialStart(_OfTrial):
     stage: str
     engine_args: Mapping[str, Any]
     position: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class TrialInferred(_OfTrial):
+    """The trial's levels are a measured twin's: no worker starts
+    (docs/tuning.md#14-settling-losing-trials, "A limit the engine never reached")."""
+
+    line: str
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,7 @@ Event = (
     | Waiting
     | TrialAbandoned
     | TrialStart
+    | TrialInferred
     | LevelStart
     | LevelProgress
     | LevelDone

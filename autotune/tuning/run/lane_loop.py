@@ -17,6 +17,8 @@ from autotune.store.optuna_ids import trial_id
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.findings import trial_summary
+from autotune.tuning.measure.inferred import KeptTrial, infer
+from autotune.tuning.measure.runner_protocol import Redrawable
 from autotune.tuning.measure.scoring import Slo, record_rank
 from autotune.tuning.measure.trial import TrialOutcome, TrialSetup, run_trial
 from autotune.tuning.measure.validate import ValidationOutcome, run_validation
@@ -25,7 +27,7 @@ from autotune.tuning.run.context import RunContext, RunReport
 from autotune.tuning.run.events import RunStart, TrialAbandoned, on_lane
 from autotune.tuning.run.gpu_budget import estimate, over_budget
 from autotune.tuning.run.lanes import RunBudget, run_lanes
-from autotune.tuning.run.settling import settle_bar
+from autotune.tuning.run.settling import full_search, settle_bar
 from autotune.tuning.run.twin_refresh import refresh_twin
 from autotune.tuning.search.strategy import MEASURED, planned_total
 
@@ -82,6 +84,8 @@ async def run_trials(
         return over_budget(cfg, price, spent, running, full[-1] if full else None)
 
     halted: list[str] = []  # why the other lanes stopped, once one lane failed
+    # the trials measured in this run, for a later trial to stand on (inferred.py)
+    kept: list[KeptTrial] = []
 
     async def lane(index: int) -> str:
         """Claim and run trials one after another until the run ends (one lane)."""
@@ -138,6 +142,18 @@ async def run_trials(
             bar = settle_bar(
                 cfg, trials_now, stage_name, noise_rec.band_pct if noise_rec is not None else None
             )
+            inferred = (
+                await infer(
+                    engine_args,
+                    kept,
+                    setup.workload,
+                    setup.plan,
+                    settle=bar,
+                    draws=isinstance(setup.runner, Redrawable),
+                )
+                if cfg.strategy.infer and not full_search(stage_name)
+                else None
+            )
             try:
                 out = await run_trial(
                     setup,
@@ -161,6 +177,7 @@ async def run_trials(
                     # the server's noise, once per study: a resumed study has it stored
                     noise=stage_name == "baseline" and noise_rec is None,
                     settle=bar,
+                    inferred=inferred,
                 )
             except BaseException as exc:
                 # failed in both stores and queued again, once (docs/faults.md)
@@ -181,6 +198,8 @@ async def run_trials(
                 if line and setup.on_event is not None:
                     setup.on_event(TrialAbandoned(trial.number, line))
                 continue
+            if out.levels and out.record.inferred_from is None:
+                kept.append(KeptTrial(trial.number, dict(engine_args), bar, out.levels))
             if out.noise is not None:  # docs/tuning.md#7-validation
                 study_attrs.write_noise(study, out.noise)
             # constraints and attributes, then the trial's note (docs/report.md)

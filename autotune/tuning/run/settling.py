@@ -25,7 +25,7 @@ from autotune.tuning.measure.level_plan import SettleBar
 from autotune.tuning.search.home_size import home_trial
 from autotune.tuning.search.ranking import feasible_ranked
 
-__all__ = ["SETTLED_STATUSES", "TPE_STAGES", "settle_bar", "tpe_good_group"]
+__all__ = ["SETTLED_STATUSES", "TPE_STAGES", "full_search", "settle_bar", "tpe_good_group"]
 
 # the stages whose trials a TPE sampler proposes from the trials' values (autotune.tuning.
 # search.strategy): the joint refinement of the staged plan, every trial of the joint plan
@@ -42,7 +42,7 @@ def tpe_good_group(n: int) -> int:
 SETTLED_STATUSES = ("found", "at_top")
 
 
-def _full(stage: str) -> bool:
+def full_search(stage: str) -> bool:
     """Stages measured in full: the baseline and what the user enqueued."""
     return stage == "baseline" or stage == "enqueued" or stage.startswith("enqueue-")
 
@@ -51,7 +51,7 @@ def settle_bar(
     cfg: StudyConfig, trials: Sequence[FrozenTrial], stage: str, band_pct: float | None
 ) -> SettleBar | None:
     """The bar the next trial of ``stage`` is settled at, or None to measure it in full."""
-    if cfg.mode != "slo-capacity" or not cfg.strategy.settle or _full(stage):
+    if cfg.mode != "slo-capacity" or not cfg.strategy.settle or full_search(stage):
         return None
     best = home_trial(trials)
     if best is None or any(v > 0 for v in best.constraints.values()):
