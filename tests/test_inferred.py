@@ -21,12 +21,13 @@ from autotune.report.notes import trial_note
 from autotune.report.tables import show_rows, show_table
 from autotune.store import Store
 from autotune.tuning.measure.cost import study_cost
-from autotune.tuning.measure.http_runner import client_peaks
+from autotune.tuning.measure.http_runner import HttpRunner, client_peaks
 from autotune.tuning.measure.inferred import KeptTrial, infer
 from autotune.tuning.measure.level_plan import LevelPlan, Measured, SettleBar, measure
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
+from autotune.workers.sim_worker import SimWorker
 from autotune.workload.build import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,6 +139,38 @@ def test_the_clients_peak_counts_warm_ups_and_cancelled_requests() -> None:
     ]
     peaks = client_peaks(records, None)
     assert peaks.running == 3 and peaks.kv_usage is None and peaks.preemptions is None
+
+
+async def test_over_http_the_clients_bound_is_at_least_the_engines_own_count(
+    tmp_path: Path,
+) -> None:
+    """Against the simulator's API server (a real process speaking vLLM's API and
+    /metrics): the level's bound on running requests is at least every running count the
+    scrapes saw, and the preemption counter and KV usage come from the scrape."""
+    cfg, _ = config(workload={"num_prompts": 200})
+    wl = build_workload(cfg.workload, vocab_size=32_000)
+    sim = SimWorker(
+        model=cfg.model.name, hardware=cfg.hardware, workdir=tmp_path / "w", time_scale=10.0
+    )
+    runner = HttpRunner(
+        sim,
+        kind="sim",
+        model_name=cfg.model.name,
+        endpoint="completions",
+        vocab_size=32_000,
+        time_scale=10.0,
+    )
+    await runner.start({"max_num_seqs": 64}, "trial-0000")
+    try:
+        out = await runner.run_level(wl, 2.0)
+    finally:
+        await runner.stop()
+    peaks, tel = out.peaks, out.telemetry
+    assert peaks is not None and tel is not None
+    seen = tel.gauges["running"].max
+    assert seen >= 1 and peaks.running >= seen
+    assert peaks.running <= len(wl.requests) + 8  # the measured requests and warm-ups at most
+    assert peaks.preemptions == 0 and peaks.kv_usage == tel.gauges["kv_usage"].max
 
 
 def _quickstart(tmp_path: Path, infer_on: bool) -> tuple[Store, str]:
