@@ -22,7 +22,13 @@ from autotune.report.tables import show_rows, show_table
 from autotune.store import Store
 from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.http_runner import HttpRunner, client_peaks
-from autotune.tuning.measure.inferred import KeptTrial, infer
+from autotune.tuning.measure.inferred import (
+    KeptTrial,
+    _NotStored,
+    _stored_levels,
+    _StoredRunner,
+    infer,
+)
 from autotune.tuning.measure.level_plan import LevelPlan, Measured, SettleBar, measure
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
@@ -111,6 +117,41 @@ async def test_a_settled_trial_stands_only_on_levels_run_under_its_own_stop_rule
         assert got.measured.capacity == real.capacity
         wider = SettleBar(above, 3, band_pct=band + 30.0)
         assert await infer(args, kept, wl, plan, settle=wider, draws=True) is None
+
+
+async def test_a_stored_level_answers_only_its_own_load_draw_and_stop_rule() -> None:
+    """The stored runner's three checks, each alone: a level the twin stopped stands only
+    for the rule it stopped under; one it ran to its end also for a looser rule; a re-run
+    with fresh noise (another draw) is never the twin's first run."""
+    cfg, _ = config(workload={"num_prompts": 200})
+    plan = LevelPlan.of(cfg)
+    wl = build_workload(cfg.workload)
+    twin = await _measured(plan, wl, 256, None)
+    levels = _stored_levels(KeptTrial(3, {**ARGS, "max_num_seqs": 256}, None, twin.levels), plan)
+    stopped = next(lv.outcome for lv in twin.levels if lv.outcome.stop is not None)
+    full = next(lv.outcome for lv in twin.levels if lv.outcome.stop is None)
+    assert plan.early_stop is not None
+    looser = plan.early_stop.widened(1.3)
+
+    def runner() -> _StoredRunner:
+        return _StoredRunner(levels, 10_000, plan, draws=True)
+
+    assert await runner().run_level(wl, stopped.scale) is stopped  # its own rule
+    r = runner()
+    r.set_early_stop(looser)
+    with pytest.raises(_NotStored):  # stopped under a stricter rule than asked
+        await r.run_level(wl, stopped.scale)
+    r = runner()
+    r.set_early_stop(looser)
+    assert await r.run_level(wl, full.scale) is full  # ran to its end: any looser rule
+    r = runner()
+    r.redraw(1)
+    with pytest.raises(_NotStored):  # fresh noise
+        await r.run_level(wl, full.scale)
+    with pytest.raises(_NotStored):  # a load the twin never measured
+        await runner().run_level(wl, plan.lattice.scale(1))
+    with pytest.raises(_NotStored):  # the limit: its engine ran that many
+        await _StoredRunner(levels, 1, plan, draws=True).run_level(wl, full.scale)
 
 
 def test_the_clients_peak_counts_warm_ups_and_cancelled_requests() -> None:
