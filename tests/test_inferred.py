@@ -226,6 +226,7 @@ def _quickstart(tmp_path: Path, infer_on: bool) -> tuple[Store, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.config_field("strategy.infer")
 def test_the_quickstart_infers_trials_and_keeps_every_figure(tmp_path: Path) -> None:
     on, name = _quickstart(tmp_path, True)
     off, _ = _quickstart(tmp_path, False)

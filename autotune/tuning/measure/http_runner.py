@@ -6,6 +6,7 @@ serve``) and the aiohttp load generator (the protocol:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,9 +35,11 @@ from autotune.workers.vllm import VllmWorker
 from autotune.workload.build import scale_rate
 from autotune.workload.core import Workload
 
-__all__ = ["HttpRunner"]
+__all__ = ["HttpRunner", "client_peaks"]
 
 _LOG_SETTLE_S = 0.5
+# how long a level the early stop ended waits for the death watch (it polls every 20 ms)
+_DEATH_GRACE_S = 0.25
 
 
 class HttpRunner:
@@ -191,6 +194,9 @@ class HttpRunner:
             res = await run_load(
                 self.base_url, wl.requests, options, progress=seen, stop=self.worker.death_event
             )
+            stop = res.early_stop
+            if res.stopped_at is None and stop is not None and stop.reason == "error_rate":
+                await self._death_grace()
             if self.worker.death() is not None:
                 await scraper.abandon()  # no after snapshot from a dead or frozen server
         out = LevelOutcome(
@@ -202,7 +208,7 @@ class HttpRunner:
         )
         # the GPU's seconds: a time-scaled simulated server's are engine seconds
         self.meter.replayed(res.wall_s * (self.time_scale if self.startup_model else 1.0))
-        if res.stopped_at is not None:
+        if res.stopped_at is not None or self.worker.death() is not None:
             await asyncio.sleep(_LOG_SETTLE_S)  # the dying server's last log lines
             self._flag_partial(out, res, len(wl.requests))
         tel: LevelTelemetry | None = None
@@ -219,6 +225,17 @@ class HttpRunner:
             tel = from_scrape(scraper.result, max_num_seqs=mns, max_num_batched_tokens=mnbt)
         out.peaks = client_peaks(res.records, tel)
         return with_diagnosis(out, tel, mns or 0, mnbt or 0)
+
+    async def _death_grace(self) -> None:
+        """A worker killed mid-level fails the requests in flight at once, and the early stop
+        on the error limit can end the level before the death watch's next poll: after such a
+        stop (never after a latency one), wait a moment for the watch, so the death is recorded
+        on the level it cut short (docs/vllm.md#9-worker-death), not found only after it."""
+        event = self.worker.death_event
+        if event is None or event.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), _DEATH_GRACE_S)
 
     def _flag_partial(self, out: LevelOutcome, res: LoadResult, planned: int) -> None:
         """Mark a level the worker's death cut short, with what is known of the death."""
