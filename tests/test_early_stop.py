@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.fake_server import Fake, Spec
@@ -30,6 +31,7 @@ from autotune.sim.engine import Engine
 from autotune.sim.virtual_loop import simulate
 from autotune.tuning.measure.early_stop import rule_of
 from autotune.tuning.measure.http_runner import HttpRunner
+from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.outcome import level_record, replay_seconds
 from autotune.tuning.measure.runner_factory import make_runner
 from autotune.tuning.measure.scoring import Slo, score_level
@@ -385,3 +387,38 @@ async def test_http_replay_stops_at_the_first_error_beyond_the_limit(
     assert res.summary["errors_by_kind"] == {"http_500": 1} and len(res.records) < 5
     plain = await run_load(fake.url, specs[:3], LoadOptions(model="tiny"))
     assert plain.early_stop is None and len(plain.records) == 3
+
+
+async def test_over_http_the_level_after_an_early_stop_is_measured_on_a_clean_server(
+    tmp_path: Path,
+) -> None:
+    """The simulator's API server drops a request whose client left, as vLLM's does
+    (docs/simulator.md#34-the-api-server): the requests a stopped level had sent are not
+    parsed, tokenized and prefilled ahead of the next level's. Before, on the quickstart's
+    workload at 5x time scale, the level after the baseline's stopped top level read p99 TTFT
+    of 4.3 s at a load where it serves in 0.3 s, and the baseline's search ended near half
+    its capacity."""
+    from autotune.config import parse_config
+    from autotune.workload.sustain import sustain
+
+    root = Path(__file__).resolve().parents[1]
+    d = yaml.safe_load((root / "configs" / "quickstart.yaml").read_text())
+    d["worker"] = {"kind": "sim", "time_scale": 5, "workdir": str(tmp_path / "w")}
+    cfg = parse_config(yaml.safe_dump(d), "quickstart.yaml")
+    plan = LevelPlan.of(cfg)
+    wl = build_workload(cfg.workload, vocab_size=MODEL.vocab_size)
+    runner = make_runner(cfg, MODEL, HW, tmp_path)
+    await runner.start(
+        {"max_model_len": 5376, "max_num_seqs": 256, "max_num_batched_tokens": 2048}, "trial-0000"
+    )
+    try:
+        got = []
+        for scale in (15.847, 1.981):
+            level = sustain(wl, scale, plan.min_level_s, plan.min_level_requests)
+            got.append((await runner.run_level(level, scale)).metrics)
+    finally:
+        await runner.stop()
+    top, next_one = got
+    assert top.stop is not None and top.stop.reason == "p99_ttft"  # hundreds left in flight
+    # in the in-process simulator this level stops on p99 TPOT with p99 TTFT about 0.2 s
+    assert next_one.p99_ttft_ms is not None and next_one.p99_ttft_ms < 1000.0, next_one.stop

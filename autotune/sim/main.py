@@ -49,7 +49,14 @@ def _emit(lines: tuple[str, ...] | list[str], stream: IO[str]) -> None:
 
 
 async def _serve(server: SimServer, host: str, port: int) -> int:
-    runner = web.AppRunner(server.app(), handle_signals=False, access_log=None)
+    # a client that disconnects cancels its handler, whose cleanup aborts the request, as
+    # vLLM's server cancels a completion whose client is gone (its `with_cancellation`):
+    # aiohttp leaves such handlers running, and a level the early stop ended then left its
+    # sent requests to be parsed, tokenized and prefilled ahead of the next level's
+    # (docs/simulator.md#34-the-api-server)
+    runner = web.AppRunner(
+        server.app(), handle_signals=False, access_log=None, handler_cancellation=True
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
