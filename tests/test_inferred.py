@@ -154,7 +154,7 @@ async def test_a_stored_level_answers_only_its_own_load_draw_and_stop_rule() -> 
         await _StoredRunner(levels, 1, plan, draws=True).run_level(wl, full.scale)
 
 
-def test_the_clients_peak_counts_warm_ups_and_cancelled_requests() -> None:
+def test_the_clients_peak_counts_warm_ups_and_failed_requests() -> None:
     def rec(sent: float | None, done: float, warmup: bool = False) -> RequestRecord:
         return RequestRecord(
             request_id="r",
@@ -175,7 +175,7 @@ def test_the_clients_peak_counts_warm_ups_and_cancelled_requests() -> None:
         rec(-2.0, -0.5, warmup=True),
         rec(-2.0, -0.5, warmup=True),  # three warm-ups at once
         rec(0.0, 5.0),
-        rec(1.0, 2.0),  # cancelled at 2.0: finished then
+        rec(1.0, 2.0),  # failed at 2.0: finished then
         rec(None, 0.0),  # never sent: never in flight
     ]
     peaks = client_peaks(records, None)
@@ -186,8 +186,9 @@ async def test_over_http_the_clients_bound_is_at_least_the_engines_own_count(
     tmp_path: Path,
 ) -> None:
     """Against the simulator's API server (a real process speaking vLLM's API and
-    /metrics): the level's bound on running requests is at least every running count the
-    scrapes saw, and the preemption counter and KV usage come from the scrape."""
+    /metrics): a level run to its end bounds the running requests by at least every running
+    count the scrapes saw, with the preemption counter and KV usage from the scrape; a level
+    the early stop ended bounds nothing."""
     cfg, _ = config(workload={"num_prompts": 200})
     wl = build_workload(cfg.workload, vocab_size=32_000)
     sim = SimWorker(
@@ -200,12 +201,17 @@ async def test_over_http_the_clients_bound_is_at_least_the_engines_own_count(
         endpoint="completions",
         vocab_size=32_000,
         time_scale=10.0,
+        early_stop=LevelPlan.of(cfg).early_stop,
     )
     await runner.start({"max_num_seqs": 64}, "trial-0000")
     try:
         out = await runner.run_level(wl, 2.0)
+        # far past capacity the level stops, cutting requests in flight that its records
+        # leave out: its client count bounds nothing, so it stands for no other trial
+        stopped = await runner.run_level(wl, 40.0)
     finally:
         await runner.stop()
+    assert stopped.metrics.stop is not None and stopped.peaks is None
     peaks, tel = out.peaks, out.telemetry
     assert peaks is not None and tel is not None
     seen = tel.gauges["running"].max

@@ -223,7 +223,11 @@ class HttpRunner:
             )
         elif scraper.result is not None and scraper.result.before is not None:
             tel = from_scrape(scraper.result, max_num_seqs=mns, max_num_batched_tokens=mnbt)
-        out.peaks = client_peaks(res.records, tel)
+        # a stopped level's requests cut in flight are not among its records, so its client
+        # count bounds nothing: only a level that ran to its end stands for another trial
+        # (docs/tuning.md#14-settling-losing-trials)
+        stopped = res.stopped_at is not None or res.early_stop is not None
+        out.peaks = None if stopped else client_peaks(res.records, tel)
         return with_diagnosis(out, tel, mns or 0, mnbt or 0)
 
     async def _death_grace(self) -> None:
@@ -285,9 +289,10 @@ class HttpRunner:
 
 def client_peaks(records: Sequence[RequestRecord], tel: LevelTelemetry | None) -> EnginePeaks:
     """The engine at its busiest as a client can know it for certain: the most requests in
-    flight at once (sent, not yet finished or cancelled; warm-ups included, on the same
-    clock), which the engine's running count cannot exceed; the scraped KV usage's highest
-    sample and the preemption counter's delta, when scraped
+    flight at once (sent, not yet finished or failed; warm-ups included, on the same clock),
+    which the engine's running count cannot exceed, over ``records`` that hold every request
+    sent (a level that ran to its end: a stopped one's cut requests are not among them); the
+    scraped KV usage's highest sample and the preemption counter's delta, when scraped
     (docs/tuning.md#14-settling-losing-trials)."""
     running = peak_concurrency((r.sent_at, r.finished_at) for r in records if r.sent_at is not None)
     kv = tel.gauges.get("kv_usage") if tel is not None else None

@@ -89,8 +89,9 @@ class EnginePeaks:
     """What a level asked of the engine at its busiest, the facts that say whether a limit
     bound (docs/tuning.md#14-settling-losing-trials, "A limit the engine never reached"):
     ``running``, the most requests that can have run at once, known for certain (the
-    in-process simulator counts every step; over HTTP, the client's most requests in flight,
-    warm-ups and cancelled ones included, which the engine's count cannot exceed);
+    in-process simulator counts every step; over HTTP, the client's most requests in flight
+    over a level that ran to its end, warm-ups included, which the engine's count cannot
+    exceed; a stopped level's peaks are None there, its cut requests not being recorded);
     ``kv_usage``, the highest KV cache usage seen (0..1; scraped gauges sample it; None: not
     known); ``preemptions`` during the level (None: not known)."""
 
