@@ -114,8 +114,8 @@ def _stored_levels(twin: KeptTrial, plan: LevelPlan) -> dict[tuple[float, int], 
     at = None
     widen = None
     if twin.settle is not None and plan.capacity:
-        at = _key(plan.lattice.scale(plan.lattice.index(twin.settle.scale)))
-        widen = 1 + twin.settle.band(plan.lattice) / 100
+        at = _key(plan.lattice.scale(twin.settle.index(plan.lattice)))
+        widen = twin.settle.first_run_widening(plan.lattice)
     out: dict[tuple[float, int], _Stored] = {}
     runs: dict[float, int] = {}
     for lv in twin.levels:

@@ -132,6 +132,15 @@ class SettleBar:
         """The noise band in percent: the server's, or one lattice step until measured."""
         return self.band_pct if self.band_pct is not None else 100 * lattice.resolution
 
+    def index(self, lattice: Lattice) -> int:
+        """The settle point: the lattice point a settled trial is measured at first."""
+        return lattice.index(self.scale) - SETTLE_STEPS_BELOW
+
+    def first_run_widening(self, lattice: Lattice) -> float:
+        """The factor the settle point's first run widens the study's stop rule by: it stops
+        only past the noise band (docs/tuning.md#14-settling-losing-trials)."""
+        return 1 + self.band(lattice) / 100
+
     def near(self, ls: LevelScore, lattice: Lattice) -> bool:
         """A failure by less than the noise: its worst violation (normalized: 0.02 is 2 %
         over a limit) is below the band. A stopped level's violation is a lower bound, so
@@ -194,7 +203,7 @@ async def measure(
             plan.max_levels,
             hint,
             confirm=plan.confirm_capacity,
-            settle=lattice.index(settle.scale) - SETTLE_STEPS_BELOW if settle is not None else None,
+            settle=settle.index(lattice) if settle is not None else None,
             climb=climb,
             lean=plan.lean,
         )
@@ -229,7 +238,7 @@ async def measure(
         wl = sustain(workload, scale, plan.min_level_s, plan.min_level_requests)
         widen = None  # the settle point's first run stops past the noise band
         if settle is not None and search is not None and k == search.settle:
-            widen = None if k in search.runs else 1 + settle.band(lattice) / 100
+            widen = None if k in search.runs else settle.first_run_widening(lattice)
         with _stopping_past(runner, widen):
             out = await runner.run_level(wl, scale, progress=progress)
         if wl is not workload:
