@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.runners import SIM_VOCAB, sim_http_runner
 from support.studies import config
 
 from autotune.config import parse_config
@@ -21,7 +22,7 @@ from autotune.report.notes import trial_note
 from autotune.report.tables import show_rows, show_table
 from autotune.store import Store
 from autotune.tuning.measure.cost import study_cost
-from autotune.tuning.measure.http_runner import HttpRunner, client_peaks
+from autotune.tuning.measure.http_runner import client_peaks
 from autotune.tuning.measure.inferred import (
     KeptTrial,
     _NotStored,
@@ -33,7 +34,6 @@ from autotune.tuning.measure.level_plan import LevelPlan, Measured, SettleBar, m
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
-from autotune.workers.sim_worker import SimWorker
 from autotune.workload.build import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,19 +190,8 @@ async def test_over_http_the_clients_bound_is_at_least_the_engines_own_count(
     count the scrapes saw, with the preemption counter and KV usage from the scrape; a level
     the early stop ended bounds nothing."""
     cfg, _ = config(workload={"num_prompts": 200})
-    wl = build_workload(cfg.workload, vocab_size=32_000)
-    sim = SimWorker(
-        model=cfg.model.name, hardware=cfg.hardware, workdir=tmp_path / "w", time_scale=10.0
-    )
-    runner = HttpRunner(
-        sim,
-        kind="sim",
-        model_name=cfg.model.name,
-        endpoint="completions",
-        vocab_size=32_000,
-        time_scale=10.0,
-        early_stop=LevelPlan.of(cfg).early_stop,
-    )
+    wl = build_workload(cfg.workload, vocab_size=SIM_VOCAB)
+    runner = sim_http_runner(cfg, tmp_path / "w", LevelPlan.of(cfg).early_stop)
     await runner.start({"max_num_seqs": 64}, "trial-0000")
     try:
         out = await runner.run_level(wl, 2.0)

@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from support.runners import SIM_VOCAB, sim_http_runner
 from support.studies import config
 from typer.testing import CliRunner
 
@@ -20,14 +21,12 @@ from autotune.profiles.models import get_model
 from autotune.store import Store
 from autotune.tuning.measure.capacity import LEAN, CapacitySearch, Lattice
 from autotune.tuning.measure.cost import study_cost
-from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.level_plan import LevelPlan, SettleBar, measure
 from autotune.tuning.measure.scoring import LevelScore, score_level
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study
 from autotune.tuning.run.settling import settle_bar, tpe_good_group
-from autotune.workers.sim_worker import SimWorker
 from autotune.workload.build import build_workload
 
 LAT = Lattice(0.25, 4.0, 0.01)
@@ -151,19 +150,8 @@ async def test_over_http_too_the_settle_points_first_run_stops_past_the_band(
     simulator's API server (a real process speaking vLLM's API)."""
     cfg, _ = config(workload={"num_prompts": 200})
     plan = LevelPlan.of(cfg)
-    wl = build_workload(cfg.workload, vocab_size=32_000)
-    sim = SimWorker(
-        model=cfg.model.name, hardware=cfg.hardware, workdir=tmp_path / "w", time_scale=10.0
-    )
-    runner = HttpRunner(
-        sim,
-        kind="sim",
-        model_name=cfg.model.name,
-        endpoint="completions",
-        vocab_size=32_000,
-        time_scale=10.0,
-        early_stop=plan.early_stop,
-    )
+    wl = build_workload(cfg.workload, vocab_size=SIM_VOCAB)
+    runner = sim_http_runner(cfg, tmp_path / "w", plan.early_stop)
     await runner.start({"max_num_seqs": 16}, "trial-0000")
     try:
         # a band wider than where the load generator's stop lands (it checks every 50 ms, so

@@ -6,6 +6,8 @@ drive ``run_trial`` and the controller without a worker.
   load, an interrupt in the middle of a level, an over-length stop of the capacity search.
 - :class:`NoisyRunner`: each config has a true capacity and a known multiplicative noise,
   for the validation phase (autotune/tuning/measure/validate.py).
+- :func:`sim_http_runner`: the real HTTP runner against the simulator's API server (a
+  process speaking vLLM's API and /metrics), 10x faster than real time.
 """
 
 from __future__ import annotations
@@ -13,23 +15,30 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from autotune.config import StudyConfig
 from autotune.failures import FailureClass, FailureMatch
 from autotune.loadgen.level import LevelMetrics
+from autotune.loadgen.stop_rule import StopRule
 from autotune.store import WorkerUsage
+from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.outcome import LevelOutcome
 from autotune.tuning.measure.runner_protocol import StartInfo
+from autotune.workers.sim_worker import SimWorker
 from autotune.workload.core import Workload
 
 __all__ = [
+    "SIM_VOCAB",
     "KeepableNoisyRunner",
     "NoisyRunner",
     "ScriptedRunner",
     "feasible_up_to",
     "jittered_up_to",
+    "sim_http_runner",
 ]
 
 
@@ -213,3 +222,24 @@ class KeepableNoisyRunner(NoisyRunner):
     async def stop(self) -> None:
         self.running = False
         await super().stop()
+
+
+# the simulator's API server's vocabulary in these tests (build_workload's vocab_size too)
+SIM_VOCAB = 32_000
+
+
+def sim_http_runner(
+    cfg: StudyConfig, workdir: Path, early_stop: StopRule | None = None
+) -> HttpRunner:
+    """An :class:`HttpRunner` for ``cfg``'s model and hardware on a ``sim`` server in
+    ``workdir``, 10x faster than real time, stopping levels by ``early_stop``."""
+    sim = SimWorker(model=cfg.model.name, hardware=cfg.hardware, workdir=workdir, time_scale=10.0)
+    return HttpRunner(
+        sim,
+        kind="sim",
+        model_name=cfg.model.name,
+        endpoint="completions",
+        vocab_size=SIM_VOCAB,
+        time_scale=10.0,
+        early_stop=early_stop,
+    )
