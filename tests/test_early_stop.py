@@ -24,6 +24,7 @@ from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.stop_rule import StopRule, Tally, needed, stopped_summary
 from autotune.loadgen.stopped import StopInfo
+from autotune.loadgen.verdict_point import VerdictAt
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import SimWatch, records_from_sim, sim_engine_args, sim_requests
@@ -34,7 +35,7 @@ from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.outcome import level_record, replay_seconds
 from autotune.tuning.measure.runner_factory import make_runner
-from autotune.tuning.measure.scoring import Slo, score_level
+from autotune.tuning.measure.scoring import Slo, score_level, score_trial
 from autotune.tuning.measure.virtual_runner import VirtualRunner
 from autotune.workload.build import build_workload, scale_rate
 
@@ -231,9 +232,15 @@ def test_a_timeline_stops_once_enough_requests_age_past_the_slo() -> None:
 
 
 # -- the simulator ------------------------------------------------------------------------
-def _level(rule: StopRule | None, scale: float, wl: Any, args: dict[str, int] = ARGS) -> Any:
+def _level(
+    rule: StopRule | None,
+    scale: float,
+    wl: Any,
+    args: dict[str, int] = ARGS,
+    observe: StopRule | None = None,
+) -> Any:
     r = VirtualRunner(MODEL, HW, model_name="m", static_args={}, seed=3, jitter_cv=0.015)
-    r.early_stop = rule
+    r.early_stop, r.observe = rule, observe
 
     async def go() -> Any:
         await r.start(args, "t")
@@ -278,6 +285,67 @@ def test_simulated_levels_reach_the_full_replays_verdict(
                 assert v <= full.metrics.summary[key] * (1 + 1e-9), key
     else:
         assert cut.metrics == full.metrics
+
+
+@given(
+    scale=st.sampled_from([1.0, 2.0, 3.0, 4.0, 8.0]),
+    mns=st.sampled_from([16, 64, 256]),
+    mnbt=st.sampled_from([512, 8192]),
+    ttft=st.sampled_from([300.0, 3000.0]),
+    tpot=st.sampled_from([25.0, 45.0, None]),
+)
+@settings(max_examples=10, deadline=None)
+def test_a_level_replayed_to_its_end_tells_the_sampler_what_a_stopped_one_does(
+    workload: Any, scale: float, mns: int, mnbt: int, ttft: float, tpot: float | None
+) -> None:
+    """The observing watch notes the stop the rule would have made, at the same request, and
+    the sampler margins of both levels are equal where positive: what Optuna's constrained
+    samplers rank infeasible trials by (docs/tuning.md#10-early-stop-inside-a-level, "What
+    the sampler sees")."""
+    slo, rule = Slo(ttft, tpot), StopRule(ttft, tpot)
+    args = {**ARGS, "max_num_seqs": mns, "max_num_batched_tokens": mnbt}
+    full = _level(None, scale, workload, args, observe=rule)
+    cut = _level(rule, scale, workload, args)
+    assert full.stop is None and full.metrics.observed == cut.metrics.verdict
+    a, b = score_level(full.metrics, slo, scale), score_level(cut.metrics, slo, scale)
+    assert a.feasible == b.feasible and (a.verdict is None) == a.feasible
+    pos = [{k: v for k, v in x.sampler_margins.items() if v > 0} for x in (a, b)]
+    assert pos[0] == pos[1]
+    assert bool(pos[0]) != a.feasible
+    # the point is stored with the level and read back
+    stored = level_record(0, full, a).metrics
+    assert VerdictAt.of(stored) == full.metrics.observed
+    # without the observing rule nothing is noted, and the figures' margins are the sampler's
+    plain = score_level(_level(None, scale, workload, args).metrics, slo, scale)
+    assert plain.verdict is None and plain.sampler_margins == plain.violations
+
+
+def test_the_sampler_ranks_infeasible_trials_by_how_late_their_verdict_came() -> None:
+    """Two infeasible trials whose stopped levels both read just past the SLO: the one whose
+    verdict came later (closer to holding) is told the smaller violation, and its other
+    margins are at most 0; a level with no known point keeps its figures' margins."""
+
+    def stopped(at: int, p99: float) -> LevelMetrics:
+        return LevelMetrics(
+            completed=at,
+            failed=0,
+            p99_ttft_ms=1000.0,
+            p99_tpot_ms=p99,
+            stop=StopInfo("p99_tpot", at, 400, "tpot"),
+            summary={"error_rate": 0.0},
+        )
+
+    early = score_trial([score_level(stopped(20, 45.2), SLO, 0.25)])
+    late = score_trial([score_level(stopped(380, 45.4), SLO, 0.25)])
+    assert early.constraints["p99_tpot"] == pytest.approx(381 / 400)
+    assert late.constraints["p99_tpot"] == pytest.approx(21 / 400)
+    assert late.constraints["p99_tpot"] < early.constraints["p99_tpot"]
+    assert all(v <= 0 for k, v in late.constraints.items() if k != "p99_tpot")
+    full = LevelMetrics(completed=400, failed=0, p99_ttft_ms=1000.0, p99_tpot_ms=90.0)
+    assert score_trial([score_level(full, SLO, 0.25)]).constraints["p99_tpot"] == 1.0
+    # the least-violated level speaks for the trial, by the same margins
+    both = score_trial([score_level(stopped(20, 45.2), SLO, 0.5), score_level(full, SLO, 0.25)])
+    assert both.constraints["p99_tpot"] == pytest.approx(381 / 400)
 
 
 def test_watch_counts_what_the_records_say(workload: Any) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.loadgen.client_limit import ClientLimit, check
 from autotune.loadgen.stopped import StopInfo
+from autotune.loadgen.verdict_point import VerdictAt
 
 __all__ = ["LevelMetrics", "error_rate", "overlength_rate"]
 
@@ -58,6 +59,11 @@ class LevelMetrics:
     level outcome because scoring and the live progress line read it from the metrics alone,
     before any outcome exists; the outcome reads it from here.
 
+    ``observed`` is where the early-stop rule, watching a level it did not stop, found it
+    certain to be infeasible (None: it did not, or nothing watched); :attr:`verdict` is that
+    point or the stop's, what the sampler is told of an infeasible level
+    (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler sees").
+
     ``client_limit`` says the client could not drive the level (None: it could, or no client
     sent it, as in the in-process simulator): its figures are then the client's and no
     verdict rests on them (docs/loadgen.md#5-client-limited-levels). :meth:`from_summary`
@@ -81,6 +87,7 @@ class LevelMetrics:
     partial: bool = False
     stop: StopInfo | None = None
     client_limit: ClientLimit | None = None
+    observed: VerdictAt | None = None
     summary: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +97,15 @@ class LevelMetrics:
             raise ValueError("over-length rejections are failed requests: over_length > failed")
         if self.truncated > self.completed:
             raise ValueError("truncated requests are completed ones: truncated > completed")
+
+    @property
+    def verdict(self) -> VerdictAt | None:
+        """When the level's infeasible verdict became certain: the stop's point, else the
+        observed one (None: neither)."""
+        s = self.stop
+        if s is not None:
+            return VerdictAt(s.reason, s.at_request, s.planned)
+        return self.observed
 
     @property
     def total(self) -> int:
@@ -109,9 +125,15 @@ class LevelMetrics:
         return overlength_rate(self.over_length, self.truncated, self.total)
 
     @classmethod
-    def from_summary(cls, s: Mapping[str, Any], stop: StopInfo | None = None) -> LevelMetrics:
+    def from_summary(
+        cls,
+        s: Mapping[str, Any],
+        stop: StopInfo | None = None,
+        observed: VerdictAt | None = None,
+    ) -> LevelMetrics:
         """Read :func:`autotune.loadgen.bench_stats.summarize`'s result (vLLM's key names), of a
-        level that ``stop`` ended (None: it ran to its end), with its client-limit check."""
+        level that ``stop`` ended (None: it ran to its end; ``observed``: where the watching
+        rule found it infeasible), with its client-limit check."""
         pre = s.get("num_preemptions")
         return cls(
             completed=int(s.get("completed") or 0),
@@ -128,6 +150,7 @@ class LevelMetrics:
             num_preemptions=_opt_float(pre),
             stop=stop,
             client_limit=check(s),
+            observed=observed if stop is None else None,
             summary=dict(s),
         )
 

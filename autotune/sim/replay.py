@@ -17,6 +17,7 @@ import numpy as np
 from autotune.loadgen.bench_stats import RequestRecord, summarize
 from autotune.loadgen.stop_rule import StopRule, stopped_summary
 from autotune.loadgen.stopped import StopInfo
+from autotune.loadgen.verdict_point import VerdictAt
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
 from autotune.sim.adapters import from_sim_timeline, sim_requests
@@ -137,6 +138,8 @@ class SimLevel:
     replay_s: float = 0.0
     stop: StopInfo | None = None
     records: tuple[RequestRecord, ...] = ()
+    # where the observing rule found a level it did not stop infeasible (None: it did not)
+    observed: VerdictAt | None = None
     peak_running: int = 0
     peak_kv_usage: float = 0.0
     preemptions: int = 0
@@ -152,10 +155,13 @@ def replay_level(
     jitter_cv: float,
     warmup: int = 0,
     early_stop: StopRule | None = None,
+    observe: StopRule | None = None,
 ) -> SimLevel:
     """Replay ``wl`` (already scaled) once: ``warmup`` copies of its first requests
     (cycled) sent at once before the measured replay, as the HTTP load generator's warm-up
-    does, and ``early_stop`` applied between steps (None: to the end)."""
+    does, and ``early_stop`` applied between steps (None: to the end). Without
+    ``early_stop``, ``observe`` watches the replay and notes where it would have stopped
+    (:attr:`SimLevel.observed`)."""
     reqs = sim_requests(wl)
     warm = [
         SimRequest(
@@ -168,7 +174,8 @@ def replay_level(
         )
         for i, q in ((i, reqs[i % len(reqs)]) for i in range(warmup if reqs else 0))
     ]
-    watch = SimWatch(early_stop, len(reqs), len(warm)) if early_stop else None
+    rule = early_stop or observe
+    watch = SimWatch(rule, len(reqs), len(warm), observe=early_stop is None) if rule else None
     res = simulate(
         model,
         hardware,
@@ -186,9 +193,11 @@ def replay_level(
     if res.stopped_at is not None:
         end = res.stopped_at
     summary = summarize(recs, max(end - start, 1e-9))
-    stop = None
+    stop, observed = None, None
     if watch is not None and watch.reason is not None and res.stopped_at is not None:
         summary, stop = _sim_stopped(summary, watch, res, measured, start, reqs, recs)
+    elif watch is not None and watch.reason is not None:
+        observed = VerdictAt(watch.reason, watch.arrived, len(reqs))
     r = res.args
     t0 = start if warm else -1.0  # the measured replay only
     tel = from_sim_timeline(res, t0, float("inf"), r.max_num_batched_tokens, r.max_num_seqs)
@@ -204,6 +213,7 @@ def replay_level(
         peak_running=int(tl.running.max()) if len(tl.running) else 0,
         peak_kv_usage=float(tl.kv_usage.max()) if len(tl.kv_usage) else 0.0,
         preemptions=res.num_preemptions,
+        observed=observed,
     )
 
 

@@ -32,10 +32,16 @@ def _warm(user: object) -> bool:
 
 class SimWatch:
     """A :data:`autotune.sim.virtual_loop.StopHook` for one level of ``planned`` measured
-    requests (warm-ups, marked by :attr:`SimRequest.warmup`, are not counted)."""
+    requests (warm-ups, marked by :attr:`SimRequest.warmup`, are not counted). ``observe``:
+    never stop; only note where the rule would have (:attr:`reason`, :attr:`arrived`), so
+    that a level replayed to its end tells the sampler what a stopped one would
+    (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler sees")."""
 
-    def __init__(self, rule: StopRule, planned: int, warmups: int = 0) -> None:
+    def __init__(
+        self, rule: StopRule, planned: int, warmups: int = 0, *, observe: bool = False
+    ) -> None:
         self.rule = rule
+        self.observe = observe
         self.tally = Tally(planned)
         self.warmups = warmups
         self.reason: str | None = None
@@ -47,6 +53,8 @@ class SimWatch:
         self.tpot_bounds: list[float] = []  # at the stop: every unfinished request's bound
 
     def __call__(self, eng: Engine, now: float) -> bool:
+        if self.observe and self.reason is not None:  # past the point: nothing more to note
+            return False
         t, rule = self.tally, self.rule
         while self._rej < len(eng.rejected):  # over-length 400s, known at arrival
             sr = eng.rejected[self._rej][0]
@@ -86,7 +94,7 @@ class SimWatch:
             unfinished = chain(eng.sched.running, eng.sched.waiting)
             bounds = (tpot_bound(r, ends, now) for r in unfinished if not _warm(r.user))
             self.tpot_bounds = [b for b in bounds if b is not None]
-        return self.reason is not None
+        return self.reason is not None and not self.observe
 
     def _finished(self, r: Req, ends: list[float]) -> None:
         asked = r.user.output_len if isinstance(r.user, SimRequest) else r.max_tokens

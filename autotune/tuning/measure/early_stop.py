@@ -10,7 +10,7 @@ from __future__ import annotations
 from autotune.config import StudyConfig
 from autotune.loadgen.stop_rule import StopRule
 
-__all__ = ["rule_of"]
+__all__ = ["rule_of", "verdict_rule_of"]
 
 
 def rule_of(cfg: StudyConfig) -> StopRule | None:
@@ -18,5 +18,16 @@ def rule_of(cfg: StudyConfig) -> StopRule | None:
     ``strategy.early_stop`` on; None otherwise (fixed-rate and offline levels are the
     trial's result, figures and all, so they run to their end)."""
     if not cfg.strategy.early_stop or cfg.mode != "slo-capacity":
+        return None
+    return StopRule.of(cfg.slo)
+
+
+def verdict_rule_of(cfg: StudyConfig) -> StopRule | None:
+    """The rule that says when a level became certain to be infeasible, whether or not it
+    stops the level: the study's SLOs in ``slo-capacity`` mode, None otherwise. A runner
+    that replays a level to its end notes that point with it, so the sampler is told the same
+    of an infeasible level with early stop on and off
+    (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler sees")."""
+    if cfg.mode != "slo-capacity":
         return None
     return StopRule.of(cfg.slo)

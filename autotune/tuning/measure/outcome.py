@@ -143,6 +143,8 @@ def level_record(i: int, out: LevelOutcome, ls: LevelScore) -> LevelRecord:
         stored[_REPLAY_S] = out.replay_s
     if m.stop is not None:
         stored.update(m.stop.stored())
+    if m.observed is not None:
+        stored.update(m.observed.stored())
     if m.client_limit is not None:
         stored.update(m.client_limit.stored())
     if out.death is not None:

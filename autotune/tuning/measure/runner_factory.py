@@ -13,7 +13,7 @@ from autotune.config import StudyConfig
 from autotune.errors import ConfigError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
-from autotune.tuning.measure.early_stop import rule_of
+from autotune.tuning.measure.early_stop import rule_of, verdict_rule_of
 from autotune.tuning.measure.http_runner import HttpRunner
 from autotune.tuning.measure.per_device import PerDevice
 from autotune.tuning.measure.runner_protocol import Runner
@@ -116,6 +116,7 @@ def _worker_runner(
             jitter_cv=w.jitter_cv,
             warmup=cfg.workload.warmup,
             early_stop=rule,
+            observe=verdict_rule_of(cfg),
         )
     if w.kind == "sim":
         sim = SimWorker(

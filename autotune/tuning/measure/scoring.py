@@ -3,7 +3,9 @@ words, and the trial's objective.
 
 Constraint values are normalized margins, positive = violated (Optuna's convention for
 ``trial.set_constraint``): ``(p99 - slo) / slo`` for latency SLOs, ``rate - limit`` for error
-and over-length rates (defined once, in :mod:`autotune.loadgen.level`). A worker that fails
+and over-length rates (defined once, in :mod:`autotune.loadgen.level`). An infeasible
+trial whose level's verdict point is known reports the share of that level still to be sent
+then instead (:attr:`LevelScore.sampler_margins`). A worker that fails
 to start scores objective 0 with every constraint at +1, as a COMPLETE trial, so samplers
 learn the region is infeasible (a FAIL is ignored).
 """
@@ -20,6 +22,7 @@ from autotune.loadgen.client_limit import ClientLimit, describe
 from autotune.loadgen.level import LevelMetrics
 from autotune.loadgen.stop_rule import StopRule
 from autotune.loadgen.stopped import StopInfo, certain_rate
+from autotune.loadgen.verdict_point import VerdictAt
 from autotune.store.records import TrialRecord
 from autotune.tuning.measure.capacity import CapacityResult
 
@@ -127,6 +130,24 @@ class LevelScore:
     # the client could not drive the level: never feasible, and no verdict rests on it
     # (score_trial and the capacity search skip it; docs/loadgen.md#5-client-limited-levels)
     client_limit: ClientLimit | None = None
+    # an infeasible level's point where its verdict became certain (None: not known)
+    verdict: VerdictAt | None = None
+
+    @property
+    def sampler_margins(self) -> dict[str, float]:
+        """The margins the sampler is told when this level speaks for an infeasible trial
+        (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler sees"): with a known
+        verdict point, the broken SLO's margin is the share of the level still to be sent
+        when its verdict came, and every other margin at most 0. Those come from the replay
+        up to that point alone, so early stop changes none of them; the figures of a
+        stopped level's partial replay would (its p99 bound lies just past the SLO however
+        far off the config is). Otherwise the figures' margins."""
+        pt = self.verdict
+        if self.feasible or pt is None or pt.reason not in self.violations:
+            return dict(self.violations)
+        out = {k: min(x, 0.0) for k, x in self.violations.items()}
+        out[pt.reason] = pt.share_left
+        return out
 
     @property
     def texts(self) -> list[str]:
@@ -204,7 +225,8 @@ def score_level(
     if cl is not None:  # the figures are the client's: they cannot show the SLOs held
         feasible = False
         broken.insert(0, Violation(cl.bound, cl.value_ms, cl.limit_ms))
-    return LevelScore(scale, v, feasible, m.output_throughput, tuple(broken), cl)
+    pt = None if feasible else m.verdict
+    return LevelScore(scale, v, feasible, m.output_throughput, tuple(broken), cl, pt)
 
 
 def _certain(m: LevelMetrics, slo: Slo, stop: StopInfo, latency_slos: bool) -> list[Violation]:
@@ -238,7 +260,8 @@ def score_trial(levels: Sequence[LevelScore], capacity: CapacityResult | None = 
     """The objective is output tokens/s at the trial's capacity: the lattice point the
     capacity search settled on (slo-capacity), else the highest-load feasible level (one
     level for fixed-rate and offline). With no feasible level, the constraints are the
-    least-violated level's, so the sampler sees how far off the trial was. Client-limited
+    least-violated level's sampler margins (:attr:`LevelScore.sampler_margins`), so the
+    sampler sees how far off the trial was. Client-limited
     levels count for neither: their figures are the client's."""
     if not levels:
         return failed_trial_score()
@@ -262,8 +285,8 @@ def score_trial(levels: Sequence[LevelScore], capacity: CapacityResult | None = 
             tuple(levels),
             capacity,
         )
-    closest = min(usable, key=lambda lv: max(lv.violations.values()))
-    return TrialScore(0.0, dict(closest.violations), False, None, tuple(levels), capacity)
+    closest = min(usable, key=lambda lv: max(lv.sampler_margins.values()))
+    return TrialScore(0.0, closest.sampler_margins, False, None, tuple(levels), capacity)
 
 
 def failed_trial_score(names: Sequence[str] = CONSTRAINT_NAMES) -> TrialScore:

@@ -44,12 +44,16 @@ class VirtualRunner:
         jitter_cv: float,
         warmup: int = 0,
         early_stop: StopRule | None = None,
+        observe: StopRule | None = None,
     ) -> None:
         self.model, self.hardware, self.model_name = model, hardware, model_name
         self.static = dict(static_args)
         self.seed, self.jitter_cv = seed, jitter_cv
         self.warmup = warmup
         self.early_stop = early_stop  # None: every level replays to its end
+        # the rule that watches a level replayed to its end, noting where it would stop
+        # (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler sees")
+        self.observe = observe
         self.args: EngineArgs | None = None
         self.draw = 0  # the jitter stream (0: the study's own); see redraw()
         self.meter = UsageMeter()  # what each worker costs (docs/cost.md)
@@ -117,8 +121,9 @@ class VirtualRunner:
             jitter_cv=self.jitter_cv,
             warmup=self.warmup,
             early_stop=self.early_stop,
+            observe=self.observe,
         )
-        metrics = LevelMetrics.from_summary(level.summary, level.stop)
+        metrics = LevelMetrics.from_summary(level.summary, level.stop, level.observed)
         out = LevelOutcome(
             scale,
             offered_rate(workload, scale),
