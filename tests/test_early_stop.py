@@ -457,6 +457,29 @@ async def test_http_replay_stops_at_the_first_error_beyond_the_limit(
     assert plain.early_stop is None and len(plain.records) == 3
 
 
+async def test_http_replay_observed_runs_to_its_end_and_notes_where_it_would_stop(
+    fake: Fake,
+) -> None:
+    """``observe`` sends every request (the error does not end the run) and notes the stop
+    the same rule makes: the first request's error, with 1 request sent; a run that holds
+    its limits notes nothing (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler
+    sees")."""
+    specs = [Spec("e", prompt_text="500", arrival=0.0)]
+    specs += [Spec(f"t{i}", arrival=0.05 * i) for i in range(1, 10)]
+    res = await run_load(fake.url, specs, LoadOptions(model="tiny", observe=StopRule()))
+    assert res.early_stop is None and len(res.records) == 10
+    assert res.observed == VerdictAt("error_rate", 1, 10)
+    m = LevelMetrics.from_summary(res.summary, res.early_stop, res.observed)
+    assert m.verdict == res.observed
+    ls = score_level(m, Slo())
+    assert not ls.feasible and ls.sampler_margins["error_rate"] == 1.0
+    stopped = await run_load(fake.url, specs, LoadOptions(model="tiny", early_stop=StopRule()))
+    assert stopped.early_stop is not None and stopped.observed is None
+    assert LevelMetrics.from_summary(stopped.summary, stopped.early_stop).verdict == res.observed
+    fine = await run_load(fake.url, specs[1:], LoadOptions(model="tiny", observe=StopRule()))
+    assert fine.observed is None and len(fine.records) == 9
+
+
 async def test_over_http_the_level_after_an_early_stop_is_measured_on_a_clean_server(
     tmp_path: Path,
 ) -> None:

@@ -7,6 +7,7 @@ line, ``study show``, the exports and the report."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -229,5 +230,12 @@ def test_exports_and_report_mark_stopped_levels_and_leave_unmeasured_figures_emp
     note = trial_note(trials[0], "slo-capacity")
     assert "stopped early on p99 TTFT at request 37 of 300" in note
     assert "stopped on p99 TTFT once all 300 requests were sent" in note
+    # an infeasible trial's margins: the note says what a broken SLO's margin reads
+    names = ["p99_ttft", "p99_tpot", "error_rate", "overlength_rate"]
+    t = dataclasses.replace(trials[0], constraints=[264 / 300, 0.0, 0.0, -0.01])
+    assert "`p99_ttft` +0.880" in trial_note(t, "slo-capacity", names)
+    assert "share of its level still to be sent" in trial_note(t, "slo-capacity", names)
+    ok = dataclasses.replace(t, feasible=True, constraints=[-0.2, -0.1, 0.0, -0.01])
+    assert "share of its level" not in trial_note(ok, "slo-capacity", names)
     assert figure_cell(trials[0].levels[0], "output_throughput") == "-"
     assert figure_cell(trials[0].levels[0], "p99_ttft_ms") == "≥ 4,000.0"

@@ -30,7 +30,9 @@ class LoadOptions:
     seconds per wall second of the server. ``progress_interval``: wall seconds between
     progress snapshots. ``request_timeout`` and ``stall_timeout`` (wall seconds) bound one
     request. ``early_stop``: the rule that ends the run once the level's verdict is certain
-    (None: every request is sent).
+    (None: every request is sent). ``observe``: without ``early_stop``, a rule that watches
+    the run without ending it and notes where it would have
+    (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler sees").
     """
 
     model: str
@@ -50,6 +52,7 @@ class LoadOptions:
     goodput_slos: dict[str, float] | None = None
     percentiles: Sequence[float] = DEFAULT_PERCENTILES
     early_stop: StopRule | None = None
+    observe: StopRule | None = None
 
     def validate(self) -> None:
         """Raise :class:`~autotune.errors.ConfigError` for an option no run can take (before

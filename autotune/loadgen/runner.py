@@ -42,6 +42,7 @@ from autotune.loadgen.sender import EARLY_STOPPED, STOPPED, LoadRun, ProgressSna
 from autotune.loadgen.spec import RequestSpec
 from autotune.loadgen.stop_rule import stopped_summary
 from autotune.loadgen.stopped import StopInfo
+from autotune.loadgen.verdict_point import VerdictAt
 
 __all__ = ["LoadResult", "ServerInfo", "probe_server", "run_load"]
 
@@ -66,6 +67,8 @@ class LoadResult:
     # reason and when (the summary holds only bench keys); the requests it cut have no record
     early_stop: StopInfo | None = None
     wall_s: float = 0.0  # wall seconds of the measured phase, t0 to its end
+    # where ``options.observe`` found the run infeasible without ending it (None: it did not)
+    observed: VerdictAt | None = None
 
     def windowed(self, window_s: float) -> list[dict[str, Any]]:
         return windowed(self.records, window_s)
@@ -110,6 +113,7 @@ async def run_load(
             planned=len(requests),
             stop=stop,
             early_stop=o.early_stop,
+            observe=o.observe,
         )
         # A full collection walks every live object: with a large heap (the caller's workload,
         # earlier runs' records) that is a pause of tens of ms on the loop that sends on
@@ -126,7 +130,7 @@ async def run_load(
             run.start_clock()
             started_at = time.time()
             probing = asyncio.ensure_future(probe.run())
-            watcher = asyncio.ensure_future(run.watch()) if o.early_stop is not None else None
+            watcher = asyncio.ensure_future(run.watch()) if run.rule is not None else None
             await run.schedule_until_stopped(requests, o.duration)
             drained = run.stopping() or await run.wait_all(o.drain_timeout, "drain")
             if run.halt.is_set():
@@ -175,6 +179,7 @@ async def run_load(
         origin=run.t0,
         early_stop=ended,
         wall_s=wall,
+        observed=run.observed,
     )
 
 

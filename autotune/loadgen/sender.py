@@ -21,6 +21,7 @@ from autotune.loadgen.bench_stats import RequestRecord
 from autotune.loadgen.client import Attempt, RequestOptions, run_attempt
 from autotune.loadgen.spec import RequestSpec
 from autotune.loadgen.stop_rule import StopRule, Tally
+from autotune.loadgen.verdict_point import VerdictAt
 from autotune.timing import sleep_until
 
 __all__ = ["EARLY_STOPPED", "STOPPED", "LoadRun", "Phase", "ProgressSnapshot"]
@@ -61,10 +62,14 @@ class LoadRun:
         planned: int,
         stop: asyncio.Event | None = None,
         early_stop: StopRule | None = None,
+        observe: StopRule | None = None,
     ) -> None:
         self.stop = stop
         self.stopped_at: float | None = None  # perf_counter() when the stop was seen
-        self.rule = early_stop
+        # observing: the rule only notes where it would stop (``observed``), never halts
+        self.observing = early_stop is None and observe is not None
+        self.rule = early_stop or observe
+        self.observed: VerdictAt | None = None
         self.tally = Tally(planned)
         self.halt = asyncio.Event()  # set when the rule stops the run
         self.cut: dict[int, float | None] = {}  # id(attempt) -> TTFT known or bounded (s)
@@ -124,7 +129,7 @@ class LoadRun:
                 self.ttfts.append(attempt.first - attempt.sent)
         else:
             self.failed += 1
-        if self.rule is not None and not self.halt.is_set():
+        if self.rule is not None and not self.halt.is_set() and self.observed is None:
             self._tally(attempt.record())
             self.check()
 
@@ -145,7 +150,7 @@ class LoadRun:
         """Stop the run when the rule says its verdict is certain: requests in flight whose
         TTFT (known, or their age so far) exceeds the SLO count too, as ones that may fail."""
         rule = self.rule
-        if rule is None or self.halt.is_set():
+        if rule is None or self.halt.is_set() or self.observed is not None:
             return
         now, k = time.perf_counter(), self.scale
         bounds: dict[int, float | None] = {}
@@ -162,13 +167,16 @@ class LoadRun:
         t.ttft_pending = pending
         reason = rule.verdict(t)
         t.ttft_over -= pending
-        if reason is not None:
+        if reason is not None and self.observing:
+            sent = sum(1 for a in self.attempts if a.sent is not None)
+            self.observed = VerdictAt(reason, sent, self.planned)
+        elif reason is not None:
             self.reason, self.cut, self.halted_at = reason, bounds, now
             self.halt.set()
 
     async def watch(self) -> None:
         """Check the rule every few tens of ms: a request's age grows without any event."""
-        while not self.halt.is_set():
+        while not self.halt.is_set() and self.observed is None:
             await asyncio.sleep(_WATCH_S)
             self.check()
 

@@ -120,7 +120,13 @@ def trial_note(
         out += [f"The worker failed before any load level: `{t.failure_class}`.", ""]
     if t.constraints and constraint_names and len(constraint_names) == len(t.constraints):
         parts = [f"`{n}` {v:+.3f}" for n, v in zip(constraint_names, t.constraints, strict=True)]
-        out += ["**Constraints** (Optuna's margins; > 0 is violated): " + ", ".join(parts), ""]
+        why = "Optuna's margins; > 0 is violated"
+        if t.feasible is False and t.levels:  # docs/tuning.md#10-early-stop-inside-a-level
+            why += (
+                "; a broken SLO whose verdict point is known reads the share of its level"
+                " still to be sent then"
+            )
+        out += [f"**Constraints** ({why}): " + ", ".join(parts), ""]
     if t.diagnosis:
         d = t.diagnosis
         out += [f"**Bottleneck**: {d.get('kind')}. {d.get('suggestion') or ''}".rstrip(), ""]

@@ -68,6 +68,7 @@ class HttpRunner:
         warmup: int = 0,
         early_stop: StopRule | None = None,
         startup_model: StartupModel | None = None,
+        observe: StopRule | None = None,
     ) -> None:
         self.worker, self.kind, self.model_name = worker, kind, model_name
         # what each worker costs (docs/cost.md): a simulated worker is charged this modelled
@@ -75,6 +76,9 @@ class HttpRunner:
         self.startup_model = startup_model
         self.meter = UsageMeter()
         self.early_stop = early_stop  # None: every level replays to its end
+        # the rule that watches a level replayed to its end, noting where it would stop
+        # (docs/tuning.md#10-early-stop-inside-a-level, "What the sampler sees")
+        self.observe = observe
         self.warmup = warmup  # requests sent before each level's measured replay
         self.endpoint, self.vocab = endpoint, vocab_size
         self.time_scale = time_scale
@@ -190,6 +194,7 @@ class HttpRunner:
                 api_key=self.worker.api_key,
                 warmup=self.warmup,
                 early_stop=self.early_stop,
+                observe=self.observe,
             )
             res = await run_load(
                 self.base_url, wl.requests, options, progress=seen, stop=self.worker.death_event
@@ -202,7 +207,7 @@ class HttpRunner:
         out = LevelOutcome(
             scale,
             offered_rate(workload, scale),
-            LevelMetrics.from_summary(res.summary, res.early_stop),
+            LevelMetrics.from_summary(res.summary, res.early_stop, res.observed),
             replay_s=res.wall_s,  # wall seconds replayed (warm-ups excluded)
             requests=[r for r in res.records if not r.warmup],
         )

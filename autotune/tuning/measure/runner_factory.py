@@ -105,6 +105,7 @@ def _worker_runner(
         sd_file=Path(t.sd_file) if t.sd_file else workdir / "prometheus-targets.json",
         warmup=cfg.workload.warmup,
         early_stop=rule,
+        observe=verdict_rule_of(cfg),
     )
     if w.kind == "sim-virtual":
         return VirtualRunner(
