@@ -22,12 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 _OUTCOME = "autotune/tuning/measure/outcome.py"
 _STOP = "autotune/loadgen/stopped.py"
 _CLIENT = "autotune/loadgen/client_limit.py"
+_VERDICT = "autotune/loadgen/verdict_point.py"
 LEVEL_KEYS: dict[str, tuple[str, ...]] = {
     "early_stop": (_STOP,),
+    "verdict_at": (_VERDICT,),
     "client_limit": (_CLIENT,),
-    # also two fields of the stored stop itself (the dict under "early_stop"), owned there
+    # also two fields of the stored stop itself (the dict under "early_stop"), owned there,
+    # and one of the observed verdict point's (the dict under "verdict_at")
     "replay_s": (_OUTCOME, _STOP),
-    "planned_requests": (_OUTCOME, _STOP),
+    "planned_requests": (_OUTCOME, _STOP, _VERDICT),
     "partial": (_OUTCOME,),
     "sent_requests": (_OUTCOME,),
     "last_sent_at_s": (_OUTCOME,),
