@@ -3,10 +3,10 @@
 level's planned requests had been sent by then.
 
 A stopped level's point is its stop's. A level that ran to its end with the rule watching
-without stopping (``strategy.early_stop: false`` on the in-process simulator) records the point
-at which the rule would have stopped it, under the ``verdict_at`` key of its stored metrics
-(:meth:`VerdictAt.stored` writes it, :meth:`VerdictAt.of` reads it). Both come from the same
-replay up to that point, so the point is the same with early stop on and off.
+without stopping (``strategy.early_stop: false``) records the point at which the rule would
+have stopped it, under the ``verdict_at`` key of its stored metrics (:meth:`VerdictAt.stored`
+writes it, :meth:`VerdictAt.of` reads it). On the in-process simulator both come from the
+same replay up to that point, so the point is the same with early stop on and off.
 """
 
 from __future__ import annotations
