@@ -129,9 +129,15 @@ class LoadRun:
                 self.ttfts.append(attempt.first - attempt.sent)
         else:
             self.failed += 1
-        if self.rule is not None and not self.halt.is_set() and self.observed is None:
+        if self.watching:
             self._tally(attempt.record())
             self.check()
+
+    @property
+    def watching(self) -> bool:
+        """The rule still has a verdict to find: it neither stopped the run nor, observing,
+        noted where it would have."""
+        return self.rule is not None and not self.halt.is_set() and self.observed is None
 
     def _tally(self, rec: RequestRecord) -> None:
         """Count one finished request (its record's own figures, as the summary sees them)."""
@@ -150,7 +156,7 @@ class LoadRun:
         """Stop the run when the rule says its verdict is certain: requests in flight whose
         TTFT (known, or their age so far) exceeds the SLO count too, as ones that may fail."""
         rule = self.rule
-        if rule is None or self.halt.is_set() or self.observed is not None:
+        if rule is None or not self.watching:
             return
         now, k = time.perf_counter(), self.scale
         bounds: dict[int, float | None] = {}
@@ -176,7 +182,7 @@ class LoadRun:
 
     async def watch(self) -> None:
         """Check the rule every few tens of ms: a request's age grows without any event."""
-        while not self.halt.is_set() and self.observed is None:
+        while self.watching:
             await asyncio.sleep(_WATCH_S)
             self.check()
 

@@ -17,9 +17,7 @@ def rule_of(cfg: StudyConfig) -> StopRule | None:
     """The early-stop rule of a study: its SLOs, in ``slo-capacity`` mode with
     ``strategy.early_stop`` on; None otherwise (fixed-rate and offline levels are the
     trial's result, figures and all, so they run to their end)."""
-    if not cfg.strategy.early_stop or cfg.mode != "slo-capacity":
-        return None
-    return StopRule.of(cfg.slo)
+    return verdict_rule_of(cfg) if cfg.strategy.early_stop else None
 
 
 def verdict_rule_of(cfg: StudyConfig) -> StopRule | None:

@@ -98,14 +98,14 @@ def _worker_runner(
     devices = gpus if gpus is not None else w.gpus
     name = cfg.model.served_name or cfg.model.name
     t = cfg.telemetry
-    rule = rule_of(cfg)
+    rule, observe = rule_of(cfg), verdict_rule_of(cfg)
     tel: dict[str, Any] = dict(
         scrape_interval_s=t.scrape_interval_s,
         prometheus_url=t.prometheus_url,
         sd_file=Path(t.sd_file) if t.sd_file else workdir / "prometheus-targets.json",
         warmup=cfg.workload.warmup,
         early_stop=rule,
-        observe=verdict_rule_of(cfg),
+        observe=observe,
     )
     if w.kind == "sim-virtual":
         return VirtualRunner(
@@ -117,7 +117,7 @@ def _worker_runner(
             jitter_cv=w.jitter_cv,
             warmup=cfg.workload.warmup,
             early_stop=rule,
-            observe=verdict_rule_of(cfg),
+            observe=observe,
         )
     if w.kind == "sim":
         sim = SimWorker(
