@@ -115,9 +115,16 @@ def scenario_study(
 
 def costed_study(
     name: str, st_cfg: dict[str, Any], seed: int
-) -> tuple[StudyConfig, list[TrialRecord], list[RepeatRecord], float, StudyCost, float | None]:
+) -> tuple[
+    StudyConfig,
+    list[TrialRecord],
+    list[RepeatRecord],
+    float,
+    StudyCost,
+    tuple[float, float] | None,
+]:
     """:func:`scenario_study`, what its workers cost (every attempt, docs/cost.md) and the
-    GPU-seconds `study create` estimated for its plan."""
+    GPU-seconds `study create` estimated for its plan: the most and the fewest."""
     cfg, text = scenario_config(name, strategy=st_cfg, seed=seed)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, Store.open(f"sqlite:///{tmp}/s.db") as store:
@@ -130,7 +137,11 @@ def costed_study(
     # budget prefix: they are trials the plan spent
     trials = [t for t in every if t.state in ("COMPLETE", "PRUNED")]
     cost = study_cost(every, repeats)
-    planned = est.search_gpu_s + est.validation_gpu_s if est is not None else None
+    planned = (
+        (est.search_gpu_s + est.validation_gpu_s, est.gpu_hours_least * 3600.0)
+        if est is not None
+        else None
+    )
     return cfg, trials, repeats, time.perf_counter() - t0, cost, planned
 
 
@@ -182,7 +193,8 @@ def run_one(task: tuple[Any, ...]) -> dict[str, Any]:
         # replayed seconds its stored levels add up to (the trials' and validation's; the
         # noise re-runs are not stored levels): the check of the counted figure
         "gpu_s": cost.gpu_s,
-        "planned_gpu_s": planned,
+        "planned_gpu_s": planned[0] if planned else None,
+        "planned_least_gpu_s": planned[1] if planned else None,
         "validation_gpu_s": cost.validation_gpu_s,
         "counted_replayed_s": cost.replayed_s,
         "startup_s": cost.startup_s,
@@ -284,13 +296,28 @@ def cost_figures(studies: list[dict[str, Any]]) -> dict[str, Any]:
         # trials read off a measured twin's levels, no worker started
         # (docs/tuning.md#14-settling-losing-trials)
         "inferred_trials": sum(int(st.get("inferred", 0)) for st in studies),
-        # the plan's estimate (`study create`'s line) against the count, in % of the count
+        # the plan's estimate (`study create`'s line) against the count, in % of the count:
+        # its upper end (every planned validation run) and its lower end (the fewest,
+        # docs/cost.md#3-the-plan-and-the-budget), and how many counts fell inside the range
         "plan_estimate_error_pct": med_max(
             [
                 100.0 * abs(st["planned_gpu_s"] / st["gpu_s"] - 1.0)
                 for st in studies
                 if st.get("planned_gpu_s") and st["gpu_s"] > 0
             ]
+        ),
+        "plan_estimate_least_error_pct": med_max(
+            [
+                100.0 * abs(st["planned_least_gpu_s"] / st["gpu_s"] - 1.0)
+                for st in studies
+                if st.get("planned_least_gpu_s") and st["gpu_s"] > 0
+            ]
+        ),
+        "plan_range_holds_count": sum(
+            1
+            for st in studies
+            if st.get("planned_least_gpu_s")
+            and st["planned_least_gpu_s"] <= st["gpu_s"] <= st["planned_gpu_s"]
         ),
     }
 

@@ -42,6 +42,7 @@ from autotune.tuning.run.create import create_study
 from autotune.tuning.run.gpu_budget import (
     CAPACITY_POSITIONS,
     SETTLE_LEVELS,
+    SIMULATED_CAPACITY,
     VALIDATION_LEVELS,
     CostEstimate,
     estimate,
@@ -49,7 +50,7 @@ from autotune.tuning.run.gpu_budget import (
     over_budget,
     search_scales,
 )
-from autotune.tuning.run.status import study_plan
+from autotune.tuning.run.status import plan_estimate, study_plan
 from autotune.workers.devices import devices_held
 from autotune.workers.sim_worker import SimWorker
 from autotune.workload.build import build_workload
@@ -366,8 +367,55 @@ def test_the_estimate_prices_the_products_own_search_and_level_lengths() -> None
     assert estimate(ends, model, wl, 24).validation_gpu_s == pytest.approx(
         starts * startup + reps * levels
     )
-    assert est.text.startswith(f"about {est.gpu_hours:.2f} GPU-hours (24 trials of about ")
+    # at its fewest the phase runs the best config and the baseline up to the early look
+    # (3 of 5 repeats here): 6 runs on 4 workers (2, then 1 more per later round)
+    least = 4 * startup + 6 * run
+    assert est.validation_least_gpu_s == pytest.approx(least)
+    assert est.gpu_hours_least == pytest.approx((est.search_gpu_s + least) / 3600)
+    assert est.text.startswith(
+        f"about {est.gpu_hours_least:.2f}-{est.gpu_hours:.2f} GPU-hours (24 trials of about "
+    )
+    assert est.text.endswith(f", validation {least / 3600:.2f}-{est.validation_gpu_s / 3600:.2f})")
+    # without the early look the fewest runs are the two configs' 5 repeats each
+    patient, _ = config(
+        strategy={**cfg.strategy.model_dump(by_alias=True), "validate": {"stop_early": False}}
+    )
+    slow = estimate(patient, model, wl, 24)
+    assert slow.validation_least_gpu_s == pytest.approx(worker_starts(5, 2) * startup + 10 * run)
     assert estimate(closed, model, build_workload(closed.workload), 3).text.startswith("at least")
+    off, _ = config(
+        strategy={**cfg.strategy.model_dump(by_alias=True), "validate": {"enabled": False}}
+    )
+    assert estimate(off, model, wl, 24).text.startswith(f"about {est.search_gpu_s / 3600:.2f} GPU")
+
+
+def test_the_estimate_places_its_levels_at_the_simulated_capacity(tmp_path: Path) -> None:
+    # `study create` simulates the baseline's capacity; the plan prices every level there
+    # (docs/cost.md#3-the-plan-and-the-budget) instead of over CAPACITY_POSITIONS
+    cfg, text = config(strategy={"min_level_s": 30, "min_level_requests": 200})
+    model = get_model(cfg.model.name)
+    wl = build_workload(cfg.workload, vocab_size=model.vocab_size)
+    plan = LevelPlan.of(cfg)
+    lat = plan.lattice
+    with Store.open(f"sqlite:///{tmp_path / 's.db'}") as s:
+        rec = create_study(cfg, text, s)
+        simulated = rec.workload_profile[SIMULATED_CAPACITY]
+        est = plan_estimate(s, cfg.name)
+    assert est is not None and lat.low < simulated < lat.high
+    position = math.log(simulated / lat.low) / math.log(lat.high / lat.low)
+    startup = sim_startup_s(model, {})
+    searched = sum(level_seconds(wl, sc, 30, 200)[0] for sc in search_scales(plan, position))
+    at = level_seconds(wl, simulated, 30, 200)[0]
+    assert est.full == pytest.approx(startup + searched)
+    assert est.trial_gpu_s == pytest.approx(startup + SETTLE_LEVELS * at)
+    # the noise re-runs replay the baseline's capacity level
+    assert est.noise_gpu_s == pytest.approx(2 * at)
+    assert est == estimate(cfg, model, wl, est.trials, capacity=simulated)
+    assert est != estimate(cfg, model, wl, est.trials)
+    # a mode without a capacity search simulates nothing and prices one level at 1.0x
+    fixed, fixed_text = config(mode="fixed-rate")
+    with Store.open(f"sqlite:///{tmp_path / 'f.db'}") as s:
+        assert SIMULATED_CAPACITY not in create_study(fixed, fixed_text, s).workload_profile
 
 
 def test_over_budget_counts_what_was_spent_what_runs_and_the_validation_after() -> None:

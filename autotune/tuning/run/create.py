@@ -16,6 +16,7 @@ from autotune.sim import VLLM_VERSION, hardware_of, is_twin_name, load_twin, twi
 from autotune.store import Store, StudyRecord
 from autotune.tuning import study_attrs
 from autotune.tuning.measure.baseline_probe import baseline_capacity
+from autotune.tuning.run.gpu_budget import SIMULATED_CAPACITY
 from autotune.tuning.search.plan import (
     baseline_engine_args,
     build_bounds,
@@ -78,11 +79,11 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
     cands_probe = build_bounds(cfg, model, prof, 0).max_model_len_candidates
     base_mml = max(cands_probe)
     baseline = baseline_engine_args(model, hw, base_mml)
-    scale = 1.0
+    scale, simulated = 1.0, None
     if cfg.mode == "slo-capacity" and not cfg.workload.peak_concurrency:
         # Concurrency grows with the offered load: size max_num_seqs for the load the
         # baseline itself sustains within the SLOs (a quick sim-virtual capacity search).
-        scale = asyncio.run(baseline_capacity(cfg, model, hw, wl, baseline))
+        scale = simulated = asyncio.run(baseline_capacity(cfg, model, hw, wl, baseline))
     peak = cfg.workload.peak_concurrency or estimate_peak_concurrency(
         model, hw, wl, base_mml, scale
     )
@@ -107,6 +108,8 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
             f"{cfg.name}` to continue it or `autotune study delete {cfg.name}`"
         )
     profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
+    if simulated is not None:  # it prices the plan (docs/cost.md#3-the-plan-and-the-budget)
+        profile[SIMULATED_CAPACITY] = simulated
     # what `study create` states before anything runs: rows of the file left out, and a
     # baseline max_model_len that a handful of requests set
     if wl.dropped:

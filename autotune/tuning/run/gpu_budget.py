@@ -2,12 +2,14 @@
 
 :func:`estimate` prices the plan `study create` prints: each trial is a start-up (the modelled
 start of vLLM, docs/cost.md#2-the-start-up-model) and the levels of one capacity search (the
-search the product runs, played against capacities spread over the lattice) or one level;
+search the product runs, played against the baseline's capacity as ``study create``
+simulated it, else against capacities spread over the lattice) or one level;
 a trial after the baseline that is settled (docs/tuning.md#14-settling-losing-trials) is
 priced at :data:`SETTLE_LEVELS` levels at those capacities instead; the validation phase is
 the noise re-runs and its runs, each a search from the config's capacity
 (:data:`VALIDATION_LEVELS` levels there) or, with ``strategy.validate.from_capacity`` off,
-a full search. A level lasts its sample's span at its
+a full search, from every planned run down to the fewest the phase can take (the best config
+and the baseline up to the early look). A level lasts its sample's span at its
 load, looped to the level minimums (docs/tuning.md#13-level-length). A closed loop's length
 depends on the server, so only its minimum is known: the estimate is then a lower bound.
 
@@ -19,12 +21,14 @@ they set the price. Pure: values in, values out.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autotune.config import StudyConfig
 from autotune.profiles.models import ModelProfile
 from autotune.tuning.measure.capacity import CapacitySearch
 from autotune.tuning.measure.cost import StudyCost
+from autotune.tuning.measure.early_look import look_after
 from autotune.tuning.measure.level_plan import LevelPlan
 from autotune.tuning.measure.noise import NOISE_RUNS
 from autotune.tuning.measure.usage import sim_startup_s
@@ -37,6 +41,7 @@ from autotune.workload.sustain import copies_needed
 __all__ = [
     "CAPACITY_POSITIONS",
     "SETTLE_LEVELS",
+    "SIMULATED_CAPACITY",
     "VALIDATION_LEVELS",
     "CostEstimate",
     "estimate",
@@ -64,6 +69,9 @@ class CostEstimate:
     validation_run_gpu_s: float | None = None
     # a study that searches the parallelism: the size its trials are priced at
     tp_size: int | None = None
+    # the validation phase at its fewest runs: the best config and the baseline only, up to
+    # the early look (None: as many as the plan; docs/cost.md#3-the-plan-and-the-budget)
+    validation_least_gpu_s: float | None = None
 
     @property
     def full(self) -> float:
@@ -85,18 +93,32 @@ class CostEstimate:
 
     @property
     def gpu_hours(self) -> float:
+        """The plan at its most: every validation run it plans."""
         return (self.search_gpu_s + self.validation_gpu_s) / 3600.0
+
+    @property
+    def least_validation_gpu_s(self) -> float:
+        least = self.validation_least_gpu_s
+        return self.validation_gpu_s if least is None else min(least, self.validation_gpu_s)
+
+    @property
+    def gpu_hours_least(self) -> float:
+        """The plan when its validation phase takes its fewest runs."""
+        return (self.search_gpu_s + self.least_validation_gpu_s) / 3600.0
 
     @property
     def text(self) -> str:
         """``about 3.73 GPU-hours (24 trials of about 4 GPU-minutes, validation 1.98)``."""
         about = "at least" if self.lower_bound else "about"
-        validation = (
-            f", validation {self.validation_gpu_s / 3600:.2f}" if self.validation_gpu_s else ""
-        )
+        low, high = self.least_validation_gpu_s / 3600, self.validation_gpu_s / 3600
+        total = f"{self.gpu_hours:.2f}"
+        validation = f", validation {high:.2f}" if self.validation_gpu_s else ""
+        if f"{low:.2f}" != f"{high:.2f}":  # the phase's length hangs on what it measures
+            total = f"{self.gpu_hours_least:.2f}-{self.gpu_hours:.2f}"
+            validation = f", validation {low:.2f}-{high:.2f}"
         size = "" if self.tp_size is None else f" at TP {self.tp_size}"
         return (
-            f"{about} {self.gpu_hours:.2f} GPU-hours ({self.trials} trials of {about} "
+            f"{about} {total} GPU-hours ({self.trials} trials of {about} "
             f"{self.trial_gpu_s / 60:.0f} GPU-minutes{size}{validation})"
         )
 
@@ -111,6 +133,9 @@ def level_seconds(wl: Workload, scale: float, min_s: float, min_n: int) -> tuple
     return copies_needed(wl, scale, min_s, min_n) * span / scale, False
 
 
+# The workload profile's key for the baseline's capacity as `study create` simulated it (a
+# load scale), which places the plan's levels (docs/cost.md#3-the-plan-and-the-budget)
+SIMULATED_CAPACITY = "simulated_capacity_scale"
 # Where in the lattice a trial's capacity may lie (fractions of its log range): a search's
 # cost hangs on it (a capacity below the middle sends the search to low loads, the slowest
 # levels), so a trial is priced as the mean over these (docs/cost.md#3-the-plan-and-the-budget)
@@ -143,13 +168,20 @@ def search_scales(plan: LevelPlan, position: float = 0.5) -> list[float]:
 
 
 def estimate(
-    cfg: StudyConfig, model: ModelProfile, wl: Workload, trials: int, tp_size: int | None = None
+    cfg: StudyConfig,
+    model: ModelProfile,
+    wl: Workload,
+    trials: int,
+    tp_size: int | None = None,
+    capacity: float | None = None,
 ) -> CostEstimate:
     """The device time of ``trials`` trials of ``cfg`` on the workload sample ``wl`` and of
     its validation phase. A study that searches the parallelism prices its trials at
     ``tp_size`` devices (default: the largest size): the stages after the parallelism stage
     run inside the size it chose, unknown before it has run
-    (docs/cost.md#3-the-plan-and-the-budget)."""
+    (docs/cost.md#3-the-plan-and-the-budget). ``capacity``: the baseline's capacity as
+    ``study create`` simulated it (a load scale), where the levels are priced; None: over
+    :data:`CAPACITY_POSITIONS`."""
     plan = LevelPlan.of(cfg)
     st = cfg.strategy
     args = dict(cfg.worker.static_args)
@@ -161,6 +193,11 @@ def estimate(
         tp_size = None
     startup = sim_startup_s(model, args)
     positions = CAPACITY_POSITIONS if plan.capacity else (0.5,)
+    if plan.capacity and capacity is not None and capacity > 0:
+        # the baseline's capacity as `study create` simulated it
+        # (docs/cost.md#3-the-plan-and-the-budget)
+        lat = plan.lattice
+        positions = (min(max(math.log(capacity / lat.low) / math.log(lat.high / lat.low), 0), 1),)
     searches = [
         [
             level_seconds(wl, s, st.min_level_s, st.min_level_requests)
@@ -179,6 +216,16 @@ def estimate(
         runs if cfg.worker.kind == "sim" else worker_starts(cfg.validation_repeats, v.top_k + 1)
     )
     run_startup = startup * starts / runs if runs else startup
+    # at its fewest: the best config and the baseline (a runner-up the study told apart is
+    # not run), up to the early look when it may settle the verdict (docs/tuning.md#7-validation)
+    look = look_after(cfg.validation_repeats) if v.stop_early else None
+    least_repeats = look or cfg.validation_repeats
+    least_runs = min(2 * least_repeats, runs)
+    least_starts = (
+        least_runs
+        if cfg.worker.kind == "sim"
+        else worker_starts(least_repeats, min(2, v.top_k + 1))
+    )
     trial, run = full, devices * (run_startup + search_s)
     if plan.capacity:
         lat = plan.lattice
@@ -192,10 +239,14 @@ def estimate(
             trial = devices * (startup + SETTLE_LEVELS * at_capacity)
         if st.validate_.from_capacity:
             run = devices * (run_startup + VALIDATION_LEVELS * at_capacity)
-    # the baseline's boundary level twice more, once per study (the server's noise)
-    boundary = level_seconds(wl, 1.0, st.min_level_s, st.min_level_requests)[0]
+    # the baseline's boundary level twice more, once per study (the server's noise), at its
+    # simulated capacity when there is one
+    noise_at = capacity if plan.capacity and capacity is not None and capacity > 0 else 1.0
+    boundary = level_seconds(wl, noise_at, st.min_level_s, st.min_level_requests)[0]
     noise = devices * (NOISE_RUNS - 1) * boundary
-    return CostEstimate(trials, trial, noise, runs, lower, full, run, tp_size)
+    run_levels = run - devices * run_startup  # one run's replay, without its start-up share
+    least = devices * startup * least_starts + least_runs * run_levels if runs else None
+    return CostEstimate(trials, trial, noise, runs, lower, full, run, tp_size, least)
 
 
 def over_budget(

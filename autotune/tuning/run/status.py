@@ -15,7 +15,7 @@ from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.create import load_study_config
-from autotune.tuning.run.gpu_budget import CostEstimate, estimate
+from autotune.tuning.run.gpu_budget import SIMULATED_CAPACITY, CostEstimate, estimate
 from autotune.tuning.search.edges import Widening, apply_widenings, stored_widenings
 from autotune.tuning.search.home_size import home_trial, size_of
 from autotune.tuning.search.plan import model_of
@@ -120,6 +120,7 @@ class _Plan:
     bounds: SpaceBounds  # with the passes' widenings
     widened: list[Widening]
     trials: list[optuna.trial.FrozenTrial]
+    simulated: float | None  # the baseline's capacity as `study create` simulated it
 
 
 def _load_plan(store: Store, name: str) -> _Plan:
@@ -130,7 +131,15 @@ def _load_plan(store: Store, name: str) -> _Plan:
     widened = stored_widenings(study)  # edges moved out by the passes so far
     bounds = apply_widenings(header.bounds, widened)
     trials = study.get_trials(deepcopy=False)
-    return _Plan(load_study_config(rec), header, bounds, widened, trials)
+    simulated = rec.workload_profile.get(SIMULATED_CAPACITY)
+    return _Plan(
+        load_study_config(rec),
+        header,
+        bounds,
+        widened,
+        trials,
+        float(simulated) if isinstance(simulated, int | float) else None,
+    )
 
 
 def study_plan(store: Store, name: str) -> list[str]:
@@ -162,7 +171,7 @@ def _estimate(p: _Plan) -> CostEstimate | None:
     # size the later stages tune (before, at the largest size)
     home = home_trial(p.trials) if p.bounds.parallel and feasible_ranked(p.trials) else None
     size = size_of(home) if home is not None else None
-    return estimate(cfg, model, wl, planned, size)
+    return estimate(cfg, model, wl, planned, size, p.simulated)
 
 
 def _cost_line(p: _Plan) -> list[str]:
