@@ -108,7 +108,9 @@ class CostEstimate:
 
     @property
     def text(self) -> str:
-        """``about 3.73 GPU-hours (24 trials of about 4 GPU-minutes, validation 1.98)``."""
+        """``about 1.99-2.77 GPU-hours (24 trials of about 3 GPU-minutes, validation
+        0.50-1.27)``: the validation phase from its fewest runs to its most, one figure when
+        both round alike."""
         about = "at least" if self.lower_bound else "about"
         low, high = self.least_validation_gpu_s / 3600, self.validation_gpu_s / 3600
         total = f"{self.gpu_hours:.2f}"
