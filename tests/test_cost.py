@@ -49,6 +49,7 @@ from autotune.tuning.run.gpu_budget import (
     level_seconds,
     over_budget,
     search_scales,
+    simulated_capacity,
 )
 from autotune.tuning.run.status import plan_estimate, study_plan
 from autotune.workers.devices import devices_held
@@ -401,6 +402,10 @@ def test_the_estimate_places_its_levels_at_the_simulated_capacity(tmp_path: Path
         rec = create_study(cfg, text, s)
         simulated = rec.workload_profile[SIMULATED_CAPACITY]
         est = plan_estimate(s, cfg.name)
+    # the plan line and the budget read it alike; a profile without it (an older study, a
+    # configured peak concurrency) prices over the positions
+    assert simulated_capacity(rec.workload_profile) == simulated
+    assert simulated_capacity({}) is None and simulated_capacity({SIMULATED_CAPACITY: 0}) is None
     assert est is not None and lat.low < simulated < lat.high
     position = math.log(simulated / lat.low) / math.log(lat.high / lat.low)
     startup = sim_startup_s(model, {})

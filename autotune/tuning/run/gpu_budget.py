@@ -22,7 +22,9 @@ they set the price. Pure: values in, values out.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.profiles.models import ModelProfile
@@ -48,6 +50,7 @@ __all__ = [
     "level_seconds",
     "over_budget",
     "search_scales",
+    "simulated_capacity",
 ]
 
 
@@ -138,6 +141,16 @@ def level_seconds(wl: Workload, scale: float, min_s: float, min_n: int) -> tuple
 # The workload profile's key for the baseline's capacity as `study create` simulated it (a
 # load scale), which places the plan's levels (docs/cost.md#3-the-plan-and-the-budget)
 SIMULATED_CAPACITY = "simulated_capacity_scale"
+
+
+def simulated_capacity(profile: Mapping[str, Any]) -> float | None:
+    """The baseline's capacity as ``study create`` simulated it, from a study's workload
+    profile (None: not simulated, e.g. a configured peak concurrency or an older study). The
+    plan line and the budget both price at it (docs/cost.md#3-the-plan-and-the-budget)."""
+    value = profile.get(SIMULATED_CAPACITY)
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
 # Where in the lattice a trial's capacity may lie (fractions of its log range): a search's
 # cost hangs on it (a capacity below the middle sends the search to low loads, the slowest
 # levels), so a trial is priced as the mean over these (docs/cost.md#3-the-plan-and-the-budget)

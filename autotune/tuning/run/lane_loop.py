@@ -25,7 +25,7 @@ from autotune.tuning.measure.validate import ValidationOutcome, run_validation
 from autotune.tuning.run.claims import Claimed, Done
 from autotune.tuning.run.context import RunContext, RunReport
 from autotune.tuning.run.events import RunStart, TrialAbandoned, on_lane
-from autotune.tuning.run.gpu_budget import estimate, over_budget
+from autotune.tuning.run.gpu_budget import estimate, over_budget, simulated_capacity
 from autotune.tuning.run.lanes import RunBudget, run_lanes
 from autotune.tuning.run.settling import full_search, settle_bar
 from autotune.tuning.run.twin_refresh import refresh_twin
@@ -70,8 +70,13 @@ async def run_trials(
         )
     assert session.claims is not None and session.recovery is not None
     claims, retried = session.claims, session.recovery.retried
-    # strategy.gpu_hours: each trial at this price (docs/cost.md#3-the-plan-and-the-budget)
-    price = estimate(cfg, ctx.model, ctx.wl, planned) if cfg.strategy.gpu_hours else None
+    # strategy.gpu_hours: each trial at this price, the plan line's
+    # (docs/cost.md#3-the-plan-and-the-budget)
+    price = None
+    if cfg.strategy.gpu_hours:
+        rec = ctx.store.get_study(cfg.name)
+        simulated = simulated_capacity(rec.workload_profile) if rec is not None else None
+        price = estimate(cfg, ctx.model, ctx.wl, planned, capacity=simulated)
 
     def out_of_budget() -> bool:
         if price is None:

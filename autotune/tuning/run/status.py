@@ -15,7 +15,7 @@ from autotune.store import Store
 from autotune.store.fleet import ControllerEntry
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.run.create import load_study_config
-from autotune.tuning.run.gpu_budget import SIMULATED_CAPACITY, CostEstimate, estimate
+from autotune.tuning.run.gpu_budget import CostEstimate, estimate, simulated_capacity
 from autotune.tuning.search.edges import Widening, apply_widenings, stored_widenings
 from autotune.tuning.search.home_size import home_trial, size_of
 from autotune.tuning.search.plan import model_of
@@ -131,14 +131,13 @@ def _load_plan(store: Store, name: str) -> _Plan:
     widened = stored_widenings(study)  # edges moved out by the passes so far
     bounds = apply_widenings(header.bounds, widened)
     trials = study.get_trials(deepcopy=False)
-    simulated = rec.workload_profile.get(SIMULATED_CAPACITY)
     return _Plan(
         load_study_config(rec),
         header,
         bounds,
         widened,
         trials,
-        float(simulated) if isinstance(simulated, int | float) else None,
+        simulated_capacity(rec.workload_profile),
     )
 
 
