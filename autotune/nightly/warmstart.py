@@ -22,8 +22,7 @@ from autotune.errors import StorageError
 from autotune.sim import hardware_of
 from autotune.store import Store, StudyRecord
 from autotune.tuning.measure.baseline_probe import baseline_capacity
-from autotune.tuning.run.create import store_study
-from autotune.tuning.run.gpu_budget import SIMULATED_CAPACITY
+from autotune.tuning.run.create import sized_profile, store_study
 from autotune.tuning.search.plan import (
     baseline_engine_args,
     build_bounds,
@@ -152,6 +151,6 @@ def create_warm_study(
         prof.fingerprint,
         nightly_projection=[p.to_dict() for p in projections],
     )
-    profile = prof.to_dict() | {"estimated_peak_concurrency": peak, SIMULATED_CAPACITY: scale}
+    profile = sized_profile(prof.to_dict(), peak, scale)
     rec = store_study(store, cfg, study_yaml(cfg), header, configs, profile)
     return rec, projections

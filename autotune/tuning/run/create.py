@@ -30,7 +30,14 @@ from autotune.tuning.search.space import PARAM_ORDER, TP_PARAM, SpaceBounds
 from autotune.workload.build import study_workload
 from autotune.workload.traces import dropped_text
 
-__all__ = ["config_yaml_of", "create_study", "load_study_config", "store_study", "twin_warnings"]
+__all__ = [
+    "config_yaml_of",
+    "create_study",
+    "load_study_config",
+    "sized_profile",
+    "store_study",
+    "twin_warnings",
+]
 
 
 def _enqueued_configs(
@@ -65,6 +72,17 @@ def _enqueued_configs(
                 )
         configs.append((f"enqueue-{i}", {**baseline, **entry}))
     return configs
+
+
+def sized_profile(profile: dict[str, Any], peak: int, simulated: float | None) -> dict[str, Any]:
+    """The stored workload profile: the workload's own figures, the peak concurrency that
+    sized ``max_num_seqs``, and the baseline's capacity as simulated where it was (it prices
+    the plan, docs/cost.md#3-the-plan-and-the-budget). ``study create`` and the nightly warm
+    start both store it."""
+    out = profile | {"estimated_peak_concurrency": peak}
+    if simulated is not None:
+        out[SIMULATED_CAPACITY] = simulated
+    return out
 
 
 def load_study_config(rec: StudyRecord) -> StudyConfig:
@@ -107,9 +125,7 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
             f"study {cfg.name!r} already exists; use `autotune study run "
             f"{cfg.name}` to continue it or `autotune study delete {cfg.name}`"
         )
-    profile = prof.to_dict() | {"estimated_peak_concurrency": peak}
-    if simulated is not None:  # it prices the plan (docs/cost.md#3-the-plan-and-the-budget)
-        profile[SIMULATED_CAPACITY] = simulated
+    profile = sized_profile(prof.to_dict(), peak, simulated)
     # what `study create` states before anything runs: rows of the file left out, and a
     # baseline max_model_len that a handful of requests set
     if wl.dropped:

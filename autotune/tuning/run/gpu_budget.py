@@ -208,11 +208,12 @@ def estimate(
         tp_size = None
     startup = sim_startup_s(model, args)
     positions = CAPACITY_POSITIONS if plan.capacity else (0.5,)
-    if plan.capacity and capacity is not None and capacity > 0:
-        # the baseline's capacity as `study create` simulated it
-        # (docs/cost.md#3-the-plan-and-the-budget)
+    # the baseline's capacity as `study create` simulated it, where a capacity search's levels
+    # are priced (docs/cost.md#3-the-plan-and-the-budget)
+    simulated = capacity if plan.capacity and capacity is not None and capacity > 0 else None
+    if simulated is not None:
         lat = plan.lattice
-        positions = (min(max(math.log(capacity / lat.low) / math.log(lat.high / lat.low), 0), 1),)
+        positions = (min(max(math.log(simulated / lat.low) / math.log(lat.high / lat.low), 0), 1),)
     searches = [
         [
             level_seconds(wl, s, st.min_level_s, st.min_level_requests)
@@ -256,7 +257,7 @@ def estimate(
             run = devices * (run_startup + VALIDATION_LEVELS * at_capacity)
     # the baseline's boundary level twice more, once per study (the server's noise), at its
     # simulated capacity when there is one
-    noise_at = capacity if plan.capacity and capacity is not None and capacity > 0 else 1.0
+    noise_at = simulated if simulated is not None else 1.0
     boundary = level_seconds(wl, noise_at, st.min_level_s, st.min_level_requests)[0]
     noise = devices * (NOISE_RUNS - 1) * boundary
     run_levels = run - devices * run_startup  # one run's replay, without its start-up share
