@@ -7,7 +7,7 @@ search's own pick (its best trial) and, with ``--val``, the study's final recomm
 its validation phase; print each as % of the cached best known config
 (``benchmarks/data/tuning_quality_truth.json``), with the validation verdict and intervals.
 
-Usage: python benchmarks/search_check.py SCENARIO [SCENARIO ...] [--seeds 3] [--val]
+Usage: python benchmarks/search_check.py SCENARIO [SCENARIO ...] | --broad [--seeds 3] [--val]
   [--repeats R] [--top-k K] [--strategy staged] [--trials 20] [--jobs 2] [-v]
 Ends with one JSON line.
 """
@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from truth import SCENARIOS, TruthCache, pct
+from truth import BROAD, SCENARIOS, TruthCache, pct
 from tuning_quality import _quiet, scenario_study, strategy_config
 
 from autotune.report.recommend import recommend
@@ -60,7 +60,8 @@ def one(task: tuple[str, int, bool, str, int, dict[str, Any]]) -> dict[str, Any]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="+", choices=sorted(SCENARIOS))
+    ap.add_argument("names", nargs="*", choices=sorted(SCENARIOS | BROAD))
+    ap.add_argument("--broad", action="store_true", help="the eleven BROAD scenarios (truth.py)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--val", action="store_true", help="run the validation phase too")
     ap.add_argument("--strategy", default="staged")
@@ -72,9 +73,12 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, help="strategy.validate.top_k (default: the product's)")
     ap.add_argument("-v", action="store_true", help="print every trial")
     a = ap.parse_args()
+    names = list(BROAD) if a.broad else a.names
+    if not names:
+        ap.error("name a scenario or pass --broad")
     cache = TruthCache()
     validate = {k: v for k, v in (("repeats", a.repeats), ("top_k", a.top_k)) if v is not None}
-    tasks = [(n, s, a.val, a.strategy, a.trials, validate) for n in a.names for s in range(a.seeds)]
+    tasks = [(n, s, a.val, a.strategy, a.trials, validate) for n in names for s in range(a.seeds)]
     with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
         results = pool.map(one, tasks, chunksize=1)
     figs: dict[str, list[float]] = {"search": [], "validated": []}

@@ -19,8 +19,9 @@ on (the mean paired gain, the quantity the interval estimates);
 ``below_baseline_by_more_than_a_step`` lists studies whose recommendation's ground-truth
 capacity is more than one lattice step below the baseline's.
 
-Usage: python benchmarks/tuning_quality.py [--quick] [--jobs N] [--refresh-truth]
+Usage: python benchmarks/tuning_quality.py [--quick] [--broad] [--jobs N] [--refresh-truth]
   --quick: 2 scenarios, 2 seeds, staged and random, 20 trials, cached ground truth.
+  --broad: the eleven scenarios written after the rules (``truth.BROAD``) instead of the six.
 Ends with one JSON line (``median_pct_of_best_at_20`` and ``worst_pct_of_best_at_20`` are the
 default strategy's).
 """
@@ -52,7 +53,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optuna
 import yaml
 from early_stop_oracle import oracle_replay
-from truth import QUICK, SCENARIOS, TruthCache, args_key, ground_truth, pct, scenario_config
+from truth import (
+    BROAD,
+    QUICK,
+    SCENARIOS,
+    TruthCache,
+    args_key,
+    ground_truth,
+    pct,
+    scenario_config,
+)
 from validation_check import search_only, search_only_figures, validation_figures, validation_of
 
 from autotune.config import StudyConfig
@@ -434,7 +444,10 @@ def main() -> None:
     ap.add_argument(
         "--truth-only", action="store_true", help="compute the missing ground truth and stop"
     )
-    ap.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS))
+    ap.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS | BROAD))
+    ap.add_argument(
+        "--broad", action="store_true", help="the eleven BROAD scenarios instead (truth.py)"
+    )
     ap.add_argument("--strategies", nargs="+", choices=STRATEGIES)
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1")
     ap.add_argument("--trials", type=int, default=None)
@@ -446,7 +459,7 @@ def main() -> None:
     a = ap.parse_args()
     _quiet()
     t_start = time.perf_counter()
-    names = a.scenarios or (list(QUICK) if a.quick else list(SCENARIOS))
+    names = a.scenarios or list(BROAD if a.broad else QUICK if a.quick else SCENARIOS)
     strategies = a.strategies or (["staged", "random"] if a.quick else list(STRATEGIES))
     seeds = list(range(a.seeds or (2 if a.quick else 5)))
     n_trials = a.trials or (20 if a.quick else 40)
