@@ -109,8 +109,21 @@ def _why_not(c: Contender, limit: float) -> str:
     if c.held.all_held < c.held.all_runs:
         return f"trial {c.trial} held the SLOs only {held_text(c.held)}"
     if not c.held.overlength_ok:
-        return f"trial {c.trial} {_overlength(c.held, limit)}"
+        return f"trial {c.trial} {_overlength(c.held, limit)}{_forgone(c)}"
     return f"trial {c.trial} does not beat it beyond noise"
+
+
+def _forgone(c: Contender) -> str:
+    """What a candidate refused only for the over-length limit would have gained, when its
+    paired interval lies above 0: the lengths drawn decide that limit, not the server, so
+    the same concurrency at a longer max_model_len may keep the gain (it has to be measured;
+    docs/tuning.md#11-measured-tuning-quality, "Over-length on fresh samples")."""
+    if c.low is None or c.low <= 0 or c.gain is None or c.high is None:
+        return ""
+    return (
+        f", forgoing a paired gain of {c.gain:+.1f} % (interval {c.low:+.1f} … {c.high:+.1f} %); "
+        "its concurrency at a larger max_model_len (search.max_model_len) may keep it"
+    )
 
 
 def _why_keep(ranked: Sequence[Contender], limit: float) -> str:
