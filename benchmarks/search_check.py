@@ -60,7 +60,8 @@ def one(task: tuple[str, int, bool, str, int, dict[str, Any]]) -> dict[str, Any]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", choices=sorted(SCENARIOS | BROAD))
+    # no ``choices`` here: argparse checks an empty ``nargs="*"`` list against them too
+    ap.add_argument("names", nargs="*", help=f"scenarios: {', '.join(sorted(SCENARIOS | BROAD))}")
     ap.add_argument("--broad", action="store_true", help="the eleven BROAD scenarios (truth.py)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--val", action="store_true", help="run the validation phase too")
@@ -76,6 +77,9 @@ def main() -> None:
     names = list(BROAD) if a.broad else a.names
     if not names:
         ap.error("name a scenario or pass --broad")
+    unknown = [n for n in names if n not in SCENARIOS and n not in BROAD]
+    if unknown:
+        ap.error(f"unknown scenario(s): {', '.join(unknown)}")
     cache = TruthCache()
     validate = {k: v for k, v in (("repeats", a.repeats), ("top_k", a.top_k)) if v is not None}
     tasks = [(n, s, a.val, a.strategy, a.trials, validate) for n in names for s in range(a.seeds)]
