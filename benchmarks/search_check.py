@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from truth import BROAD, SCENARIOS, TruthCache, pct
+from truth import ALL_SCENARIOS, BROAD, TruthCache, pct
 from tuning_quality import _quiet, scenario_study, strategy_config
 
 from autotune.report.recommend import recommend
@@ -61,7 +61,7 @@ def one(task: tuple[str, int, bool, str, int, dict[str, Any]]) -> dict[str, Any]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # no ``choices`` here: argparse checks an empty ``nargs="*"`` list against them too
-    ap.add_argument("names", nargs="*", help=f"scenarios: {', '.join(sorted(SCENARIOS | BROAD))}")
+    ap.add_argument("names", nargs="*", help=f"scenarios: {', '.join(sorted(ALL_SCENARIOS))}")
     ap.add_argument("--broad", action="store_true", help="the eleven BROAD scenarios (truth.py)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--val", action="store_true", help="run the validation phase too")
@@ -77,7 +77,7 @@ def main() -> None:
     names = list(BROAD) if a.broad else a.names
     if not names:
         ap.error("name a scenario or pass --broad")
-    unknown = [n for n in names if n not in SCENARIOS and n not in BROAD]
+    unknown = [n for n in names if n not in ALL_SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}")
     cache = TruthCache()

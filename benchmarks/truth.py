@@ -42,6 +42,7 @@ from autotune.workload.build import build_workload
 from autotune.workload.core import Workload
 
 __all__ = [
+    "ALL_SCENARIOS",
     "BROAD",
     "CACHE",
     "QUICK",
@@ -247,9 +248,13 @@ BROAD: dict[str, dict[str, Any]] = {
 }
 
 
+# every scenario a benchmark can be asked for by name, of either family
+ALL_SCENARIOS: dict[str, dict[str, Any]] = SCENARIOS | BROAD
+
+
 def spec(name: str) -> dict[str, Any]:
     """A scenario of either family (the benchmark's own or ``BROAD``)."""
-    return SCENARIOS[name] if name in SCENARIOS else BROAD[name]
+    return ALL_SCENARIOS[name]
 
 
 def scenario_dict(name: str, strategy: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -54,6 +54,7 @@ import optuna
 import yaml
 from early_stop_oracle import oracle_replay
 from truth import (
+    ALL_SCENARIOS,
     BROAD,
     QUICK,
     SCENARIOS,
@@ -444,7 +445,7 @@ def main() -> None:
     ap.add_argument(
         "--truth-only", action="store_true", help="compute the missing ground truth and stop"
     )
-    ap.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS | BROAD))
+    ap.add_argument("--scenarios", nargs="+", choices=sorted(ALL_SCENARIOS))
     ap.add_argument(
         "--broad", action="store_true", help="the eleven BROAD scenarios instead (truth.py)"
     )
