@@ -25,10 +25,15 @@ from autotune.errors import ConfigError
 from autotune.store import Store
 from autotune.tuning.measure.scoring import Slo, binding_slo, trial_rank
 from autotune.tuning.run.controller import run_study, sampler_seed
-from autotune.tuning.run.create import create_study
+from autotune.tuning.run.create import create_study, validation_lengths
 from autotune.tuning.run.status import study_plan
 from autotune.tuning.search.linesearch import next_on_line
-from autotune.tuning.search.plan import overlength_rate, screen_max_model_len
+from autotune.tuning.search.plan import (
+    FreshLengths,
+    model_of,
+    overlength_rate,
+    screen_max_model_len,
+)
 from autotune.tuning.search.space import PARAM_ORDER, SpaceBounds, suggest
 from autotune.tuning.search.stages import (
     KV_NOT_BOTTLENECK,
@@ -37,6 +42,7 @@ from autotune.tuning.search.stages import (
     stage_plan,
 )
 from autotune.tuning.search.strategy import POLISH, sampler_for
+from autotune.workload.build import study_workload
 
 # -- over-length screening --------------------------------------------------------------------
 
@@ -76,6 +82,82 @@ def test_candidates_that_break_the_overlength_limit_are_never_launched(tmp_path:
     dropped = [int(r.split()[1]) for r in lens]
     assert dropped and not launched & set(dropped)
     assert launched <= {640, 1024, 4096} - set(dropped)
+
+
+def test_screening_drops_what_validations_fresh_samples_would_refuse() -> None:
+    # 1 of 100 workload requests does not fit 2048 (at the 1 % limit); 3 of 200 of the
+    # fresh samples' do (1.5 %): validation would refuse 2048 whatever it gained. 1280 breaks
+    # the limit on the workload itself (2 of 100).
+    prompt, output = [1000] * 98 + [1500, 3000], [100] * 100
+    fresh = FreshLengths(tuple([1000] * 197 + [3000] * 3), tuple([100] * 200), samples=2)
+    s = screen_max_model_len((1280, 2048, 3328), prompt, output, 0.01, fresh)
+    assert s.kept == (3328,) and s.dropped == (1280, 2048)
+    assert s.fresh_rates[2048] == pytest.approx(0.015) and s.rates[2048] == pytest.approx(0.01)
+    d1280, d = s.to_dict()["dropped"]
+    assert d1280["why"] == "2.00% of the workload's requests do not fit (limit 1.00%)"
+    assert d["fresh_overlength_rate"] == pytest.approx(0.015)
+    assert d["why"] == (
+        "1.50% of the 200 requests of validation's 2 fresh samples do not fit (limit 1.00%; "
+        "1.00% of the workload's own), so validation would refuse it"
+    )
+    # without the fresh samples (validation off) the workload alone decides, as before
+    assert screen_max_model_len((1280, 2048, 3328), prompt, output, 0.01).kept == (2048, 3328)
+    # the longest candidate left, the baseline's, stays whatever the fresh samples say
+    worse = FreshLengths(tuple([3400] * 10 + [1000] * 190), tuple([100] * 200), samples=2)
+    assert screen_max_model_len((2048, 3328), prompt, output, 0.01, worse).kept == (3328,)
+    assert screen_max_model_len((3328,), prompt, output, 0.01, worse).kept == (3328,)
+
+
+def _threshold_between(
+    study: tuple[list[int], list[int]], fresh: FreshLengths, limit: float
+) -> int | None:
+    """A max_model_len the study's lengths fit within ``limit`` but the fresh ones do not."""
+    totals = {p + o for p, o in zip(*study, strict=True)}
+    for c in sorted(totals | {p + o for p, o in zip(fresh.prompt, fresh.output, strict=True)}):
+        if overlength_rate(c, *study) <= limit < overlength_rate(c, fresh.prompt, fresh.output):
+            return c
+    return None
+
+
+def test_create_screens_candidates_on_validations_own_samples(tmp_path: Path) -> None:
+    workload = {**BASE["workload"], "input_len": 700, "output_len": 300}
+    cfg, _ = config(workload=workload)
+    model = model_of(cfg)
+    wl = study_workload(cfg, vocab_size=model.vocab_size)
+    fresh = validation_lengths(cfg, model.vocab_size)
+    assert fresh is not None and fresh.samples == cfg.validation_repeats == 5
+    study = [r.prompt_len for r in wl.requests], [r.output_len for r in wl.requests]
+    limit = 0.02
+    cut = _threshold_between(study, fresh, limit)
+    assert cut is not None
+    top = (
+        max(
+            p + o
+            for p, o in zip(
+                fresh.prompt + tuple(study[0]), fresh.output + tuple(study[1]), strict=True
+            )
+        )
+        + 1
+    )
+    search = {"max_model_len": {"candidates": [cut, top]}}
+    slo = {**BASE["slo"], "max_overlength_rate": limit}
+    cfg, text = config(workload=workload, search=search, slo=slo)
+    with Store.open(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        create_study(cfg, text, store)
+        plan = study_plan(store, "t")
+    assert any(
+        line.startswith(f"max_model_len {cut} dropped before any launch: ")
+        and "fresh samples do not fit" in line
+        for line in plan
+    )
+    # validation off: nothing to refuse it later, so it stays a candidate
+    cfg, text = config(
+        search=search, slo=slo, strategy={**BASE["strategy"], "validate": {"enabled": False}}
+    )
+    assert validation_lengths(cfg, model.vocab_size) is None
+    with Store.open(f"sqlite:///{tmp_path / 'b.db'}") as store:
+        create_study(cfg, text, store)
+        assert not any("dropped" in line for line in study_plan(store, "t"))
 
 
 # -- the memory stage ---------------------------------------------------------------------------
@@ -326,12 +408,37 @@ def test_staged_joint_refinement_holds_the_memory_parameters() -> None:
     ]
     staged = [_ask("joint", trials, ST, seed) for seed in range(6)]
     assert {(v.max_model_len, v.gpu_memory_utilization) for v in staged} == {(4096, 0.95)}
-    assert len({v.max_num_seqs for v in staged}) > 1  # the concurrency pair still moves
+    # the concurrency pair moves from the best point (32 sequences, 2048 tokens) by the first
+    # compass move, an octave more sequences at an octave fewer tokens, whatever the seed
+    assert {(v.max_num_seqs, v.max_num_batched_tokens) for v in staged} == {(64, 1024)}
     # the joint strategy's TPE is free on every parameter: over a few draws util moves
     joint = StrategyConfig(name="joint", n_trials=30)
     assert {_ask("joint", trials, joint, seed).gpu_memory_utilization for seed in range(6)} != {
         0.95
     }
+
+
+def test_joint_refinement_moves_from_the_best_point_and_follows_a_win() -> None:
+    trials = [
+        _full(0, "baseline", 0.9, 64, 100.0),
+        _full(1, "gpu_memory_utilization", 0.95, 64, 120.0),
+        _full(2, "max_num_seqs", 0.95, 32, 130.0),
+    ]
+
+    def joint(n: int, mns: int, mnbt: int, value: float) -> Any:
+        t = _full(n, "joint", 0.95, mns, value)
+        t.params["max_num_batched_tokens"] = mnbt
+        return t
+
+    # the first move (64, 1024) lost: the next is its opposite trade, fewer sequences at a
+    # larger budget
+    trials.append(joint(3, 64, 1024, 110.0))
+    nxt = _ask("joint", trials, ST)
+    assert (nxt.max_num_seqs, nxt.max_num_batched_tokens) == (16, 4096)
+    # that one won: the moves start again from it, and the way back is not tried again
+    trials.append(joint(4, 16, 4096, 140.0))
+    nxt = _ask("joint", trials, ST)
+    assert (nxt.max_num_seqs, nxt.max_num_batched_tokens) == (8, 8192)
 
 
 def test_max_model_len_is_rechecked_at_the_tuned_concurrency() -> None:

@@ -76,6 +76,13 @@ def test_staged_study_baseline_first_then_one_parameter_per_stage(store: Store) 
         # the sampler's parameter is the engine value, not a fraction of a moving range)
         assert all(s.engine_args[k] == stage[0].engine_args[k] for s in stage for k in others)
     for t in trials:
+        if t.inferred_from is not None:
+            # a move of max_num_seqs where it never bound: its levels are the measured
+            # twin's, and no worker started (docs/tuning.md#14-settling-losing-trials)
+            twin = next(x for x in trials if x.optuna_trial_number == t.inferred_from)
+            assert twin.inferred_from is None and twin.launch_command and not t.launch_command
+            assert t.state == twin.state and t.objective == twin.objective
+            continue
         # settled trials are measured too (docs/tuning.md#14-settling-losing-trials)
         assert t.state in ("COMPLETE", "PRUNED") and t.launch_command and t.levels
         # every level carries its telemetry and the seed guide's diagnosis

@@ -76,8 +76,9 @@ class StrategyConfig(ConfigModel):
     # typo (an extra zero or three), not a plan
     n_trials: int = Field(24, ge=1, le=MAX_TRIALS)
     trials_per_stage: int = Field(5, ge=1, le=MAX_TRIALS)
-    # staged: multivariate TPE trials after the first pass, before the coordinate passes
-    # (docs/tuning.md#8-the-staged-plan); 5 is what the tuning-quality benchmark measured
+    # staged: joint trials (compass moves of the two concurrency knobs from the best point)
+    # after the first pass, before the coordinate passes (docs/tuning.md#8-the-staged-plan);
+    # 5 is what the tuning-quality benchmark measured
     joint_refinement: int = Field(5, ge=0)
     timeout_s: float | None = Field(
         None, gt=0, le=MAX_TIMEOUT_S, description="a run's default time limit"

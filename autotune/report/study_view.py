@@ -44,7 +44,8 @@ _STAGE_WHY = {
     "gpu_memory_utilization": "more of the GPU's memory for the KV cache",
     "max_num_seqs": "the concurrency cap: how many requests share a step",
     "max_num_batched_tokens": "the per-step token budget: prefill chunking against decode latency",
-    "joint": "every parameter together around the best point so far (multivariate TPE)",
+    "joint": "staged: the two concurrency knobs together, moved from the best point so far; "
+    "the joint strategy: every parameter by multivariate TPE",
     "random": "independent uniform draws over the whole space",
     "grid": "a log grid over max_num_seqs x max_num_batched_tokens",
 }

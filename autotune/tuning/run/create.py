@@ -16,8 +16,10 @@ from autotune.sim import VLLM_VERSION, hardware_of, is_twin_name, load_twin, twi
 from autotune.store import Store, StudyRecord
 from autotune.tuning import study_attrs
 from autotune.tuning.measure.baseline_probe import baseline_capacity
+from autotune.tuning.measure.validation_plan import repeat_seeds
 from autotune.tuning.run.gpu_budget import SIMULATED_CAPACITY
 from autotune.tuning.search.plan import (
+    FreshLengths,
     baseline_engine_args,
     build_bounds,
     cover_baseline,
@@ -27,7 +29,7 @@ from autotune.tuning.search.plan import (
     screen_max_model_len,
 )
 from autotune.tuning.search.space import PARAM_ORDER, TP_PARAM, SpaceBounds
-from autotune.workload.build import study_workload
+from autotune.workload.build import study_workload, workload_sample
 from autotune.workload.traces import dropped_text
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "sized_profile",
     "store_study",
     "twin_warnings",
+    "validation_lengths",
 ]
 
 
@@ -85,6 +88,20 @@ def sized_profile(profile: dict[str, Any], peak: int, simulated: float | None) -
     return out
 
 
+def validation_lengths(cfg: StudyConfig, vocab_size: int) -> FreshLengths | None:
+    """The lengths of every sample the validation phase will replay (its seeds are the
+    study's, docs/tuning.md#7-validation), pooled; None with validation off."""
+    if not cfg.strategy.validate_.enabled:
+        return None
+    prompt: list[int] = []
+    output: list[int] = []
+    for r in range(cfg.validation_repeats):
+        sample = workload_sample(cfg, repeat_seeds(cfg, r)[0], vocab_size=vocab_size)[0]
+        prompt += [q.prompt_len for q in sample.requests]
+        output += [q.output_len for q in sample.requests]
+    return FreshLengths(tuple(prompt), tuple(output), cfg.validation_repeats)
+
+
 def load_study_config(rec: StudyRecord) -> StudyConfig:
     return parse_config(rec.config_yaml, f"<stored config of study {rec.name!r}>")
 
@@ -114,6 +131,7 @@ def create_study(cfg: StudyConfig, config_yaml: str, store: Store) -> StudyRecor
         [r.prompt_len for r in wl.requests],
         [r.output_len for r in wl.requests],
         cfg.slo.max_overlength_rate,
+        validation_lengths(cfg, model.vocab_size),
     )
     # the baseline's max_model_len is the longest candidate: kept whenever any is
     bounds = replace(bounds, max_model_len_candidates=screening.kept)

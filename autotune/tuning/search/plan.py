@@ -21,6 +21,7 @@ from autotune.workload.core import Workload
 from autotune.workload.profile import WorkloadProfile
 
 __all__ = [
+    "FreshLengths",
     "Screening",
     "baseline_engine_args",
     "build_bounds",
@@ -259,16 +260,45 @@ def overlength_rate(max_model_len: int, prompt: Sequence[int], output: Sequence[
 
 
 @dataclass(frozen=True)
+class FreshLengths:
+    """The lengths of the validation phase's fresh samples, pooled: the phase judges each
+    config's over-length rate on exactly these, so they are known before any launch
+    (docs/tuning.md#8-the-staged-plan, "Before any launch")."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    samples: int  # how many samples the lengths pool
+
+
+@dataclass(frozen=True)
 class Screening:
     """The ``max_model_len`` candidates the workload allows (pure data, stored in the plan)."""
 
     kept: tuple[int, ...]
     rates: dict[int, float] = field(default_factory=dict)  # every candidate's over-length rate
     limit: float = 0.0
+    # the same rates pooled over validation's fresh samples (empty: validation off)
+    fresh_rates: dict[int, float] = field(default_factory=dict)
+    fresh_requests: int = 0
+    fresh_samples: int = 0
 
     @property
     def dropped(self) -> tuple[int, ...]:
         return tuple(c for c in sorted(self.rates) if c not in self.kept)
+
+    def why(self, c: int) -> str:
+        """Why candidate ``c`` was dropped, in words."""
+        if self.rates[c] > self.limit:
+            return (
+                f"{self.rates[c]:.2%} of the workload's requests do not fit "
+                f"(limit {self.limit:.2%})"
+            )
+        return (
+            f"{self.fresh_rates[c]:.2%} of the {self.fresh_requests:,} requests of "
+            f"validation's {self.fresh_samples} fresh samples do not fit (limit "
+            f"{self.limit:.2%}; {self.rates[c]:.2%} of the workload's own), so validation "
+            "would refuse it"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -278,8 +308,12 @@ class Screening:
                 {
                     "max_model_len": c,
                     "overlength_rate": self.rates[c],
-                    "why": f"{self.rates[c]:.2%} of the workload's requests do not fit "
-                    f"(limit {self.limit:.2%})",
+                    **(
+                        {"fresh_overlength_rate": self.fresh_rates[c]}
+                        if c in self.fresh_rates
+                        else {}
+                    ),
+                    "why": self.why(c),
                 }
                 for c in self.dropped
             ],
@@ -287,11 +321,21 @@ class Screening:
 
 
 def screen_max_model_len(
-    candidates: Sequence[int], prompt: Sequence[int], output: Sequence[int], limit: float
+    candidates: Sequence[int],
+    prompt: Sequence[int],
+    output: Sequence[int],
+    limit: float,
+    fresh: FreshLengths | None = None,
 ) -> Screening:
     """Drop the candidates whose over-length rate on the workload breaks ``limit``: they
     would fail the over-length constraint at every load, so launching them wastes a trial.
-    Raises :class:`ConfigError` when none is left."""
+    Raises :class:`ConfigError` when none is left.
+
+    With ``fresh`` (validation's samples), a candidate whose rate pooled over them breaks
+    the limit is dropped too: validation would refuse it whatever it gained (a candidate
+    sized at the workload's p99 sits at a 1 % limit by construction). The longest candidate
+    left, the baseline's, is kept whatever those samples say: validation judges the baseline
+    by the same rule, and a baseline that breaks it is the verdict's to name."""
     rates = {int(c): overlength_rate(int(c), prompt, output) for c in candidates}
     kept = tuple(c for c in sorted(rates) if rates[c] <= limit)
     if not kept:
@@ -305,7 +349,11 @@ def screen_max_model_len(
             "slo.max_overlength_rate",
             field=("search", "max_model_len"),
         )
-    return Screening(kept, rates, limit)
+    if fresh is None or not fresh.prompt:
+        return Screening(kept, rates, limit)
+    fresh_rates = {c: overlength_rate(c, fresh.prompt, fresh.output) for c in rates}
+    kept = tuple(c for c in kept if fresh_rates[c] <= limit or c == kept[-1])
+    return Screening(kept, rates, limit, fresh_rates, len(fresh.prompt), fresh.samples)
 
 
 def longest_candidate_warning(

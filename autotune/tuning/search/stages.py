@@ -343,9 +343,10 @@ def stage_plan(
         if joint and moved(trials):
             joint = 0  # its trials go to the coordinate passes (autotune.tuning.search.home_size)
     if joint:
-        # a short multivariate TPE phase first: it can follow the ridge along which the two
-        # knobs trade off, which coordinate moves cross only slowly; the passes then polish
-        out.append(Stage("joint", joint, "joint refinement (multivariate TPE)"))
+        # a short joint phase first: compass moves from the best point follow the ridge along
+        # which the two knobs trade off, which coordinate moves cross only slowly
+        # (autotune.tuning.search.pattern); the passes then polish
+        out.append(Stage("joint", joint, "joint refinement (compass moves from the best point)"))
     alternatives = len(b.max_model_len_candidates) - 1
     if alternatives > 0:
         # pass 1 judged max_model_len at the baseline's concurrency, where the queue, not

@@ -28,6 +28,7 @@ from autotune.config import StrategyConfig
 from autotune.tuning.attrs import engine_value, stage_of
 from autotune.tuning.search.home_size import RECHECK, home_trial, size_of, unfit_sizes
 from autotune.tuning.search.linesearch import next_on_line
+from autotune.tuning.search.pattern import next_on_plane
 from autotune.tuning.search.space import MNBT_PARAM, TP_PARAM, SpaceBounds, mnbt_range
 from autotune.tuning.search.stages import (
     CONCURRENCY,
@@ -198,13 +199,18 @@ def sampler_for(
     if stage == "enqueued" or (stage == "joint" and (st is None or st.name != "staged")):
         return tpe  # the joint strategy: one multivariate TPE over every parameter
     if stage == "joint":
-        # the joint refinement follows the ridge of the two concurrency knobs; the memory
-        # parameters stay where their stages left them (more memory only helps, and the
-        # max_model_len stage chose on over-length and capacity), so TPE spends no trial
-        # undoing them
+        # the joint refinement follows the ridge of the two concurrency knobs by compass moves
+        # from the best point (autotune.tuning.search.pattern); the memory parameters stay
+        # where their stages left them (more memory only helps, and the max_model_len stage
+        # chose on over-length and capacity), so no trial is spent undoing them. TPE draws
+        # only once every move is tried.
         held = {
             k: v for k, v in fixed_point(trials, b, "max_num_seqs").items() if k not in CONCURRENCY
         }
+        if held:
+            point = _plane_point(trials, b, held)
+            if point is not None:
+                return optuna.samplers.PartialFixedSampler({**held, **point}, tpe)
         return optuna.samplers.PartialFixedSampler(held, tpe) if held else tpe
     free, k = stage_param(stage)
     fixed = fixed_point(trials, b, free)
@@ -242,6 +248,33 @@ def sampler_for(
         if value is not None:
             fixed[free] = value
     return optuna.samplers.PartialFixedSampler(fixed, tpe) if fixed else tpe
+
+
+def _plane_point(
+    trials: Sequence[FrozenTrial], b: SpaceBounds, held: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The joint refinement's next concurrency (:mod:`autotune.tuning.search.pattern`): a
+    compass move from the best point over the trials at the held memory parameters."""
+    best = home_trial(trials)
+    if best is None:
+        return None
+    mml = int(held["max_model_len"])
+
+    def clip(seqs: float, tokens: float) -> tuple[int, int]:
+        m = _clip(b, "max_num_seqs", round(seqs))
+        lo, hi = mnbt_range(b, mml, m, b.enable_chunked_prefill)
+        return m, min(max(round(tokens), lo), hi)
+
+    home = clip(_engine(best, "max_num_seqs"), _engine(best, MNBT_PARAM))
+    tried = {
+        clip(_engine(t, "max_num_seqs"), _engine(t, MNBT_PARAM))
+        for t in trials
+        if t.state in (*MEASURED, TrialState.RUNNING)
+        and all(n in t.params for n in CONCURRENCY)
+        and _at(t, b, held)
+    }
+    point = next_on_plane(home, tried, clip)
+    return None if point is None else {"max_num_seqs": point[0], MNBT_PARAM: point[1]}
 
 
 def _at(t: FrozenTrial, b: SpaceBounds, point: dict[str, Any]) -> bool:
