@@ -130,15 +130,8 @@ def test_create_screens_candidates_on_validations_own_samples(tmp_path: Path) ->
     limit = 0.02
     cut = _threshold_between(study, fresh, limit)
     assert cut is not None
-    top = (
-        max(
-            p + o
-            for p, o in zip(
-                fresh.prompt + tuple(study[0]), fresh.output + tuple(study[1]), strict=True
-            )
-        )
-        + 1
-    )
+    pairs = [*zip(fresh.prompt, fresh.output, strict=True), *zip(*study, strict=True)]
+    top = max(p + o for p, o in pairs) + 1  # every request fits: the baseline's candidate
     search = {"max_model_len": {"candidates": [cut, top]}}
     slo = {**BASE["slo"], "max_overlength_rate": limit}
     cfg, text = config(workload=workload, search=search, slo=slo)
@@ -150,10 +143,9 @@ def test_create_screens_candidates_on_validations_own_samples(tmp_path: Path) ->
         and "fresh samples do not fit" in line
         for line in plan
     )
-    # validation off: nothing to refuse it later, so it stays a candidate
-    cfg, text = config(
-        search=search, slo=slo, strategy={**BASE["strategy"], "validate": {"enabled": False}}
-    )
+    # validation off, on the same workload: nothing refuses it later, so it stays a candidate
+    off = {**BASE["strategy"], "validate": {"enabled": False}}
+    cfg, text = config(workload=workload, search=search, slo=slo, strategy=off)
     assert validation_lengths(cfg, model.vocab_size) is None
     with Store.open(f"sqlite:///{tmp_path / 'b.db'}") as store:
         create_study(cfg, text, store)
