@@ -29,7 +29,7 @@ from autotune.tuning.search.plan import (
     estimate_peak_concurrency,
     model_of,
 )
-from autotune.tuning.search.space import SpaceBounds, mnbt_range
+from autotune.tuning.search.space import SpaceBounds, mnbt_engine_value, mnbt_range
 from autotune.tuning.study_attrs import StudyHeader
 from autotune.workload.build import study_workload
 
@@ -68,7 +68,7 @@ def project(
     util = round(min(max(float(engine_args["gpu_memory_utilization"]), b.util_low), b.util_high), 2)
     mns = min(max(int(engine_args["max_num_seqs"]), b.mns_low), b.mns_high)
     lo, hi = mnbt_range(b, new_mml, mns, b.enable_chunked_prefill)
-    mnbt = min(max(int(engine_args["max_num_batched_tokens"]), lo), hi)
+    mnbt = mnbt_engine_value(int(engine_args["max_num_batched_tokens"]), lo, hi)
     after = {
         "max_model_len": new_mml,
         "gpu_memory_utilization": util,

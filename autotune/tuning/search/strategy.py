@@ -29,7 +29,13 @@ from autotune.tuning.attrs import engine_value, stage_of
 from autotune.tuning.search.home_size import RECHECK, home_trial, size_of, unfit_sizes
 from autotune.tuning.search.linesearch import next_on_line
 from autotune.tuning.search.pattern import next_on_plane
-from autotune.tuning.search.space import MNBT_PARAM, TP_PARAM, SpaceBounds, mnbt_range
+from autotune.tuning.search.space import (
+    MNBT_PARAM,
+    TP_PARAM,
+    SpaceBounds,
+    mnbt_engine_value,
+    mnbt_range,
+)
 from autotune.tuning.search.stages import (
     CONCURRENCY,
     at_top,
@@ -96,7 +102,7 @@ def grid_points(b: SpaceBounds, st: StrategyConfig) -> list[dict[str, Any]]:
     for mns in sorted({round(x) for x in _geom(b.mns_low, b.mns_high, n_mns)}):
         lo, hi = mnbt_range(b, mml, mns, chunked)
         for tok in _geom(b.mnbt_low, b.mnbt_high, n_mnbt):
-            value = min(max(round(tok), lo), hi)
+            value = mnbt_engine_value(round(tok), lo, hi)
             if (mns, value) in seen:
                 continue
             seen.add((mns, value))
@@ -263,7 +269,7 @@ def _plane_point(
     def clip(seqs: float, tokens: float) -> tuple[int, int]:
         m = _clip(b, "max_num_seqs", round(seqs))
         lo, hi = mnbt_range(b, mml, m, b.enable_chunked_prefill)
-        return m, min(max(round(tokens), lo), hi)
+        return m, mnbt_engine_value(round(tokens), lo, hi)
 
     home = clip(_engine(best, "max_num_seqs"), _engine(best, MNBT_PARAM))
     tried = {
