@@ -14,9 +14,12 @@ from autotune.tuning.measure.early_look import (
     look_confidence,
     never_led,
     overlength_bound,
+    passed_over,
     settled_early,
+    tied,
+    tied_with,
 )
-from autotune.tuning.measure.interval import runs_of, summarize
+from autotune.tuning.measure.interval import CandidateSummary, Interval, runs_of, summarize
 
 
 @pytest.mark.parametrize(
@@ -151,19 +154,47 @@ def test_the_look_stops_past_rivals_that_cannot_win_and_on_a_known_overlength() 
     base = [_run(0, i, cap=c, role="baseline") for i, c in enumerate([1.56, 1.62, 1.59])]
     top = [_run(1, i, cap=c, rate=0.0058) for i, c in enumerate([1.90, 1.98, 2.02])]
     # a rival whose interval overlaps the recommended config's but that never led it
-    tied = [_run(2, i, cap=c) for i, c in enumerate([1.90, 1.98, 2.02])]
-    s = _summary(base + top + tied)
+    twin = [_run(2, i, cap=c) for i, c in enumerate([1.90, 1.98, 2.02])]
+    s = _summary(base + top + twin)
     assert s.verdict == "recommend" and s.chosen == 1
     assert s.candidate(2).interval.high >= s.candidate(1).interval.low
-    assert settled_early(s, base + top + tied, 0.01, {1: 0.006})
+    assert settled_early(s, base + top + twin, 0.01, {1: 0.006})
     # the over-length bound of 3 samples (above 1 %) refuses; the known final rate does not
-    assert not settled_early(s, base + top + tied, 0.01)
-    assert not settled_early(s, base + top + tied, 0.01, {1: 0.0101})
-    # a rival that led on one sample keeps the phase running
+    assert not settled_early(s, base + top + twin, 0.01)
+    assert not settled_early(s, base + top + twin, 0.01, {1: 0.0101})
+    assert passed_over(s, base + top + twin) == (2,) and tied_with(s, base + top + twin) == ()
+    # a rival that led on one sample but is tied with the recommended config (it beats the
+    # baseline too, by a mean gain within the recommended config's interval): either would
+    # be recommended, so it does not keep the phase running, and the look names it
     led = [_run(2, i, cap=c) for i, c in enumerate([1.90, 2.06, 1.98])]
     s2 = _summary(base + top + led)
-    assert s2.chosen == 1 or s2.chosen == 2
-    assert not settled_early(s2, base + top + led, 0.01, {1: 0.006, 2: 0.006})
+    other = 3 - (s2.chosen or 0)
+    assert other in (1, 2)
+    assert settled_early(s2, base + top + led, 0.01, {1: 0.006, 2: 0.006})
+    assert passed_over(s2, base + top + led) == ()
+    assert tied_with(s2, base + top + led) == (other,)
+    # a rival that led but whose runs do not show it beats the baseline keeps the phase
+    # running: more runs could make it the best
+    wide = [_run(2, i, cap=c) for i, c in enumerate([1.50, 2.40, 2.10])]
+    s4 = _summary(base + top + wide)
+    c2 = s4.candidate(2).interval
+    assert s4.chosen == 1 and c2.low <= 0 < c2.mean
+    assert not tied(s4.candidate(2), s4.candidate(1), None)
+    assert not settled_early(s4, base + top + wide, 0.01, {1: 0.006, 2: 0.006})
+
+    # nor does one whose mean gain lies above the recommended config's interval
+    def cand(trial: int, mean: float, low: float, high: float) -> CandidateSummary:
+        iv = Interval(mean, low, high, 3, 0.975, 2.0, 2.0)
+        return CandidateSummary(trial, 3, 3, None, iv)
+
+    chosen = cand(1, 20.0, 15.0, 25.0)
+    assert tied(cand(2, 25.0, 1.0, 49.0), chosen, None)
+    assert not tied(cand(2, 25.1, 1.0, 49.0), chosen, None)
+    assert not tied(cand(2, 20.0, -1.0, 41.0), chosen, None)
+    # beyond the noise band: a tie must gain more than the band, as a recommendation must
+    rival, best = s2.candidate(other), s2.candidate(s2.chosen)
+    assert tied(rival, best, 1.0)
+    assert not tied(rival, best, rival.interval.mean + 0.1)
     # a rival that broke the SLOs in a run can never be recommended: no obstacle
     broke = [_run(2, 0, cap=None, held=False)] + [_run(2, i, cap=2.1) for i in (1, 2)]
     s3 = _summary(base + top + broke)
@@ -178,6 +209,7 @@ def test_progress_names_the_rivals_the_look_passed_over(capsys: pytest.CaptureFi
     show = progress_printer()
     show(ValidationSettledEarly(3, 5, 6, 15, (17,)))
     show(ValidationSettledEarly(3, 5, 6, 15, ()))
+    show(ValidationSettledEarly(3, 5, 6, 16, (), (23,)))
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
         "validation: the verdict is settled after 3 of 5 repeats (the early look); 6 runs not "
@@ -185,4 +217,8 @@ def test_progress_names_the_rivals_the_look_passed_over(capsys: pytest.CaptureFi
         "  trial 17: never measured above trial 15 on a shared sample, so not run to the end",
         "validation: the verdict is settled after 3 of 5 repeats (the early look); 6 runs not "
         "needed",
+        "validation: the verdict is settled after 3 of 5 repeats (the early look); 6 runs not "
+        "needed",
+        "  trial 23: beats the baseline too, by a mean gain within trial 16's interval; the runs "
+        "cannot tell them apart, so not run to the end",
     ]

@@ -646,13 +646,16 @@ def test_a_run_searches_every_other_point_of_the_studys_lattice(tmp_path: Path) 
 def test_the_early_look_stops_a_settled_verdict_and_only_that(tmp_path: Path) -> None:
     # docs/tuning.md#7-validation, "Stopping early": after 3 of 5 repeats a clear gain is
     # settled (its 97.5 % interval above 0 and above the runner-up's), and so is one whose
-    # runner-up measured exactly its figure on every sample (it never led); a gain within
-    # the noise, or two candidates too close to tell apart, runs all 5
+    # runner-up measured exactly its figure on every sample (it never led), or one whose
+    # runner-up beats the baseline too by a mean gain within its interval (twins: either
+    # would be recommended); a gain within the noise, or a runner-up that led on a sample
+    # while its own gain is not yet clear of 0, runs all 5
     cases = {
         "clear": ({0: (1.0, 0.01), 1: (1.3, 0.01), 2: (1.05, 0.01)}, 3),
         "small": ({0: (1.0, 0.03), 1: (1.02, 0.03), 2: (1.01, 0.03)}, 5),
         "close": ({0: (1.0, 0.01), 1: (1.3, 0.05), 2: (1.29, 0.05)}, 5),
         "tied": ({0: (1.0, 0.01), 1: (1.3, 0.0), 2: (1.3, 0.0)}, 3),
+        "twins": ({0: (1.0, 0.01), 1: (1.3, 0.03), 2: (1.3, 0.03)}, 3),
     }
     for name, (spec, repeats) in cases.items():
         for early in (True, False):
@@ -680,6 +683,13 @@ def test_the_early_look_stops_a_settled_verdict_and_only_that(tmp_path: Path) ->
                 if early:
                     assert (settled[0].repeats, settled[0].planned, settled[0].dropped) == (3, 5, 6)
                     assert settled[0].passed == ()
+            if name == "close" and early:
+                # at the look the runner-up's own 97.5 % interval still reached below 0
+                assert min(s.candidate(n).interval.low for n in (1, 2)) > 0  # clear at 5
+            if name == "twins" and early:
+                other = 3 - (settled[0].chosen or 0)
+                assert (settled[0].passed, settled[0].tied) == ((), (other,))
+                assert s.chosen == settled[0].chosen
             if name == "tied" and early:
                 assert (s.chosen, settled[0].chosen, settled[0].passed) == (1, 1, (2,))
                 lows = [s.candidate(n).interval for n in (1, 2)]

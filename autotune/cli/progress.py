@@ -116,6 +116,13 @@ def progress_printer() -> OnEvent:
                         f"  {names}: never measured above trial {e.chosen} on a shared "
                         f"sample, so not run to the end"
                     )
+                if e.tied:
+                    names = ", ".join(f"trial {t}" for t in e.tied)
+                    out.print(
+                        f"  {names}: beats the baseline too, by a mean gain within trial "
+                        f"{e.chosen}'s interval; the runs cannot tell them apart, so not run "
+                        f"to the end"
+                    )
             case ValidationRunDone():
                 res = e.result
                 fig = (

@@ -9,7 +9,11 @@ it. Stopping only on a "recommend" whose interval clears every rival keeps the v
 need more runs (a gain near the noise, "keep") running to the end. A rival is no obstacle
 when it cannot be recommended (a run of it broke the SLOs, and every run must hold them) or
 when it measured no higher than the recommended config on every sample both ran: paired on
-the same samples, it never led (docs/tuning.md#7-validation, "Stopping early").
+the same samples, it never led; or when it is tied with the recommended config: it beats the
+baseline too, at the look's confidence and beyond the noise band, and its mean gain lies
+within the recommended config's interval, so either would be recommended and more runs would
+only choose between two configs the runs cannot tell apart (docs/tuning.md#7-validation,
+"Stopping early").
 
 The over-length limit is judged on a config's repeats pooled, so a rate near the limit can
 cross it with more samples: the recommended config's and the baseline's pooled rates must lie
@@ -41,6 +45,8 @@ __all__ = [
     "overlength_bound",
     "passed_over",
     "settled_early",
+    "tied",
+    "tied_with",
 ]
 
 # the share of the repeats done at the early look, and the fewest repeats it looks at (two
@@ -131,6 +137,17 @@ def never_led(mode: str, rival: int, chosen: int, runs: Sequence[RepeatRecord]) 
     return True
 
 
+def tied(rival: CandidateSummary, top: CandidateSummary, band_pct: float | None) -> bool:
+    """``rival`` beats the baseline as ``top`` does (its interval's lower bound above 0 and
+    its mean gain beyond the noise band, the bar a recommendation meets) and its mean gain
+    lies within ``top``'s interval: the runs show no sign that it gains more than ``top``
+    might."""
+    a, b = rival.interval, top.interval
+    if a is None or b is None or not math.isfinite(a.low) or not math.isfinite(b.high):
+        return False
+    return a.low > 0 and a.mean > (band_pct or 0.0) and a.mean <= b.high
+
+
 def settled_early(
     s: ValidationSummary,
     runs: Sequence[RepeatRecord],
@@ -139,12 +156,13 @@ def settled_early(
 ) -> bool:
     """The early look's summary (at :func:`look_confidence`) recommends a candidate whose
     interval's lower bound lies above every other candidate's upper bound, except a rival
-    that cannot be recommended (a run of it broke the SLOs) or that never led it
-    (:func:`never_led`); every other candidate that held its SLOs in every run so far has an
-    interval to compare; and the recommended config's and the baseline's over-length rates
-    stay within ``max_overlength_rate``: by their pooled rate over every planned run where
-    ``known_overlength`` (:func:`final_overlength`) has it, else by the upper bound of their
-    rates over ``runs``."""
+    that cannot be recommended (a run of it broke the SLOs), that never led it
+    (:func:`never_led`) or that is tied with it (:func:`tied`); every other candidate that
+    held its SLOs in every run so far has an interval to compare; and the recommended
+    config's and the baseline's over-length rates stay within ``max_overlength_rate``: by
+    their pooled rate over every planned run where ``known_overlength``
+    (:func:`final_overlength`) has it, else by the upper bound of their rates over
+    ``runs``."""
     if s.verdict != "recommend" or s.chosen is None:
         return False
     known = known_overlength or {}
@@ -162,8 +180,10 @@ def settled_early(
     for c in _rivals(s):
         if c.interval is None:
             return False  # held every run yet unpaired: nothing says it cannot win
-        if c.interval.high >= top.interval.low and not never_led(
-            s.mode, c.trial_number, s.chosen, runs
+        if (
+            c.interval.high >= top.interval.low
+            and not never_led(s.mode, c.trial_number, s.chosen, runs)
+            and not tied(c, top, s.noise_band_pct)
         ):
             return False
     return True
@@ -180,13 +200,33 @@ def _rivals(s: ValidationSummary) -> list[CandidateSummary]:
     ]
 
 
-def passed_over(s: ValidationSummary) -> tuple[int, ...]:
-    """The rivals a settled look passed over by :func:`never_led` alone: their intervals
-    overlapping the recommended config's."""
+def _overlapping(s: ValidationSummary) -> tuple[CandidateSummary | None, list[CandidateSummary]]:
+    """The recommended config's summary and the rivals whose intervals overlap its own."""
     top = s.candidate(s.chosen)
     if s.chosen is None or top is None or top.interval is None:
-        return ()
+        return None, []
     low = top.interval.low
+    return top, [c for c in _rivals(s) if c.interval is not None and c.interval.high >= low]
+
+
+def passed_over(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int, ...]:
+    """The rivals a settled look passed over because they never led the recommended config
+    (:func:`never_led`): their intervals overlapping its own."""
+    top, over = _overlapping(s)
+    if top is None or s.chosen is None:
+        return ()
+    return tuple(c.trial_number for c in over if never_led(s.mode, c.trial_number, s.chosen, runs))
+
+
+def tied_with(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int, ...]:
+    """The rivals a settled look passed over as tied with the recommended config
+    (:func:`tied`), those that led it on some shared sample."""
+    top, over = _overlapping(s)
+    if top is None:
+        return ()
+    never = set(passed_over(s, runs))
     return tuple(
-        c.trial_number for c in _rivals(s) if c.interval is not None and c.interval.high >= low
+        c.trial_number
+        for c in over
+        if c.trial_number not in never and tied(c, top, s.noise_band_pct)
     )

@@ -36,6 +36,7 @@ from autotune.tuning.measure.early_look import (
     look_confidence,
     passed_over,
     settled_early,
+    tied_with,
 )
 from autotune.tuning.measure.interval import ValidationSummary, summary_of
 from autotune.tuning.measure.noise import NoiseRecord
@@ -242,10 +243,11 @@ def _settled_at(
     look: int,
     noise: NoiseRecord | None,
     predict: Callable[[RepeatRecord], tuple[float, int] | None],
-) -> tuple[int | None, tuple[int, ...]] | None:
+) -> tuple[int | None, tuple[int, ...], tuple[int, ...]] | None:
     """The early look (docs/tuning.md#7-validation, "Stopping early"): when every run of the
     first ``look`` repeats is done and their verdict at the look's confidence is settled,
-    the recommended trial and the rivals passed over because they never led it; else None
+    the recommended trial, the rivals passed over because they never led it and those passed
+    over as tied with it; else None
     (``predict``: a run's over-length rate and size from its sample's lengths)."""
     every = store.repeats(name)
     runs = [r for r in every if r.repeat_index < look]
@@ -258,7 +260,7 @@ def _settled_at(
     known = final_overlength(every, predict)
     if not settled_early(s, runs, cfg.slo.max_overlength_rate, known):
         return None
-    return s.chosen, passed_over(s)
+    return s.chosen, passed_over(s, runs), tied_with(s, runs)
 
 
 def _lengths(

@@ -191,13 +191,15 @@ class ValidationSettledEarly:
     """The early look settled the verdict (docs/tuning.md#7-validation, "Stopping early"):
     ``repeats`` of ``planned`` repeats ran, ``dropped`` runs were not needed; ``passed``: the
     rivals whose intervals still overlapped the recommended config's (``chosen``) but never
-    measured above it on a shared sample."""
+    measured above it on a shared sample; ``tied``: those that beat the baseline too, with a
+    mean gain within the recommended config's interval."""
 
     repeats: int
     planned: int
     dropped: int
     chosen: int | None = None
     passed: tuple[int, ...] = ()
+    tied: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,92 @@
+"""Same-session A/B of the validation look's tie rule (docs/tuning.md#7-validation, "Twins at
+the look"): each scenario's default (staged) study with validation on, once as shipped and
+once with the rule off (``early_look.tied`` answering False, the look as it was before), and
+what each cost and recommended.
+
+The study's search is the same in both (the rule acts only at the look), so a difference is
+the validation phase's alone: its runs, its GPU-hours and its recommendation.
+
+Usage: python benchmarks/look_ties.py [SCENARIO ...] [--broad] [--seeds 3] [--jobs 2]
+  (default: the benchmark's eight scenarios). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from truth import ALL_SCENARIOS, BROAD, SCENARIOS
+from tuning_quality import _quiet, costed_study, strategy_config
+
+import autotune.tuning.measure.early_look as early_look
+from autotune.report.recommend import recommend
+from autotune.tuning.measure.cost import study_cost
+
+
+def one(task: tuple[str, int, bool]) -> dict[str, Any]:
+    name, seed, rule = task
+    _quiet()
+    if not rule:
+        # the baseline: the look without the rule (a fresh process per task, so the patch
+        # never leaks into a run with the rule on)
+        early_look.tied = lambda *a, **k: False  # type: ignore[assignment]
+    cfg, trials, reps, wall, cost, _ = costed_study(name, strategy_config("staged", 20), seed)
+    rec = recommend(cfg, trials, reps)
+    return {
+        "name": name,
+        "seed": seed,
+        "rule": rule,
+        "gpu_hours": round(cost.gpu_hours, 3),
+        "validation_gpu_hours": round(study_cost((), reps).gpu_hours, 3),
+        "runs": len(reps),
+        "chosen": None if rec is None else rec.engine_args,
+        "keep": None if rec is None else rec.keep,
+        "wall_s": round(wall, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"scenarios: {', '.join(sorted(ALL_SCENARIOS))}")
+    ap.add_argument("--broad", action="store_true", help="the eleven BROAD scenarios (truth.py)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+    names = a.names or list(BROAD if a.broad else SCENARIOS)
+    unknown = [n for n in names if n not in ALL_SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s): {', '.join(unknown)}")
+    tasks = [(n, s, r) for n in names for s in range(a.seeds) for r in (True, False)]
+    with multiprocessing.get_context("fork").Pool(a.jobs, maxtasksperchild=1) as pool:
+        out = pool.map(one, tasks, chunksize=1)
+    changed = 0
+    for on, off in zip(out[::2], out[1::2], strict=True):
+        same = (on["chosen"], on["runs"]) == (off["chosen"], off["runs"])
+        changed += not same
+        print(
+            f"{on['name']:26s} seed {on['seed']}: rule on {on['gpu_hours']:6.2f} GPU-h "
+            f"(validation {on['validation_gpu_hours']:5.2f}, {on['runs']} runs) | off "
+            f"{off['gpu_hours']:6.2f} (validation {off['validation_gpu_hours']:5.2f}, "
+            f"{off['runs']} runs) | {'same' if same else 'CHANGED'}"
+        )
+    sums = {
+        k: round(sum(o["gpu_hours"] for o in out if o["rule"] is v), 2)
+        for k, v in (("on", True), ("off", False))
+    }
+    print(f"GPU-hours over the {len(out) // 2} studies: rule on {sums['on']}, off {sums['off']}")
+    print(
+        json.dumps(
+            {"bench": "look_ties", "studies": len(out) // 2, "changed": changed, "gpu_hours": sums}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
