@@ -222,11 +222,10 @@ def tied_with(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int, 
     """The rivals a settled look passed over as tied with the recommended config
     (:func:`tied`), those that led it on some shared sample."""
     top, over = _overlapping(s)
-    if top is None:
+    if top is None or s.chosen is None:
         return ()
-    never = set(passed_over(s, runs))
     return tuple(
         c.trial_number
         for c in over
-        if c.trial_number not in never and tied(c, top, s.noise_band_pct)
+        if not never_led(s.mode, c.trial_number, s.chosen, runs) and tied(c, top, s.noise_band_pct)
     )
