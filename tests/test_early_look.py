@@ -202,6 +202,33 @@ def test_the_look_stops_past_rivals_that_cannot_win_and_on_a_known_overlength() 
     assert settled_early(s3, base + top + broke, 0.01, {1: 0.006})
 
 
+def test_with_the_baseline_out_the_look_stops_once_no_rival_ever_led() -> None:
+    # docs/tuning.md#7-validation, "No baseline to beat": the baseline cannot start (every
+    # run broke its SLOs), so no gain decides; the look stops when the recommended config
+    # measured at least each rival's figure on every shared sample
+    out = [_run(0, i, cap=None, held=False, role="baseline") for i in range(3)]
+    top = [_run(1, i, cap=c) for i, c in enumerate([0.84, 0.86, 0.85])]
+    below = [_run(2, i, cap=c) for i, c in enumerate([0.80, 0.86, 0.82])]
+    s = _summary(out + top + below)
+    assert s.verdict == "no-baseline" and s.chosen == 1
+    assert settled_early(s, out + top + below, 0.01, {1: 0.0})
+    assert passed_over(s, out + top + below) == (2,)
+    # the recommended config's over-length must be settled too, as under "recommend"
+    assert not settled_early(s, out + top + below, 0.01, {1: 0.0101})
+    # a rival that led on one sample could still be the one recommended: the runs go on
+    led = [_run(2, i, cap=c) for i, c in enumerate([0.80, 0.88, 0.82])]
+    s2 = _summary(out + top + led)
+    assert s2.verdict == "no-baseline" and s2.chosen == 1
+    assert not settled_early(s2, out + top + led, 0.01, {1: 0.0, 2: 0.0})
+    # a baseline that broke only the pooled over-length limit over the runs so far may fall
+    # within it over all of them: not out for good unless its final rate is known
+    over = [_run(0, i, cap=c, role="baseline", rate=0.012) for i, c in enumerate([0.7, 0.72, 0.71])]
+    s3 = _summary(over + top + below)
+    assert s3.verdict == "no-baseline" and s3.chosen == 1
+    assert not settled_early(s3, over + top + below, 0.01, {1: 0.0})
+    assert settled_early(s3, over + top + below, 0.01, {0: 0.012, 1: 0.0})
+
+
 def test_progress_names_the_rivals_the_look_passed_over(capsys: pytest.CaptureFixture[str]) -> None:
     from autotune.cli.progress import progress_printer
     from autotune.tuning.run.events import ValidationSettledEarly

@@ -19,6 +19,7 @@ from autotune.cli import app
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.store import Store
+from autotune.tuning import attrs
 from autotune.tuning.measure.capacity import LEAN, CapacitySearch, Lattice
 from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.level_plan import LevelPlan, SettleBar, measure
@@ -294,6 +295,10 @@ def test_a_trial_tpe_proposed_is_settled_at_the_edge_of_tpes_good_group() -> Non
     assert all(tpe_good_group(n) == default_gamma(n) for n in range(500))
     joint = settle_bar(cfg, trials, "joint", None)
     assert joint is not None and joint.against == 6 and joint.scale == pytest.approx(1.06)
+    # a compass move of the staged joint refinement is settled at the best: the compass
+    # reads only whether a move beat the best point, not TPE's split
+    compass = settle_bar(cfg, trials, "joint", None, compass=True)
+    assert compass is not None and compass.against == 7 and compass.scale == pytest.approx(1.07)
     # a line-search stage is settled at the best
     line = settle_bar(cfg, trials, "max_num_seqs", None)
     assert line is not None and line.against == 7
@@ -302,3 +307,38 @@ def test_a_trial_tpe_proposed_is_settled_at_the_edge_of_tpes_good_group() -> Non
     few = [_frozen(0, 100.0, TrialState.COMPLETE)]
     few += [_frozen(1 + i, None, TrialState.PRUNED) for i in range(10)]
     assert settle_bar(cfg, few, "joint", None) is None
+    bar = settle_bar(cfg, few, "joint", None, compass=True)
+    assert bar is not None and bar.against == 0
+
+
+@pytest.mark.parametrize("strategy", ["staged", "joint"])
+def test_the_staged_joint_refinements_compass_moves_are_settled_at_the_best(
+    tmp_path: Path, strategy: str
+) -> None:
+    # the compass proposes the staged joint refinement's trials and says so on each; a
+    # settled one was settled against the best trial before it. The joint strategy's trials
+    # are TPE's and carry no such mark
+    st = {"name": strategy, "n_trials": 9, "capacity_levels": 24, "trials_per_stage": 2}
+    cfg, text = config(name="compass", strategy={**st, "joint_refinement": 3})
+    store = Store.open(f"sqlite:///{tmp_path / 'compass.db'}")
+    create_study(cfg, text, store)
+    run_study(cfg.name, store)
+    with store:
+        study = optuna.load_study(study_name=cfg.name, storage=store.optuna_storage())
+        records = {t.optuna_trial_number: t for t in store.trials(cfg.name)}
+    moved = [t for t in study.trials if attrs.compass_moved(t)]
+    if strategy == "joint":
+        assert not moved
+        return
+    joint = [t for t in study.trials if attrs.stage_of(t) == "joint"]
+    assert len(joint) == 3 and moved == joint
+    settled = [t for t in joint if t.state == TrialState.PRUNED]
+    assert settled, "no compass move was settled"
+    for t in settled:
+        before = [
+            u
+            for u in study.trials
+            if u.number < t.number and u.state == TrialState.COMPLETE and u.user_attrs["feasible"]
+        ]
+        best = max(before, key=lambda u: u.value or 0.0)
+        assert records[t.number].settled_against == best.number

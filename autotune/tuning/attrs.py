@@ -29,6 +29,7 @@ __all__ = [
     "TrialSummary",
     "as_enqueued",
     "baseline_evidence",
+    "compass_moved",
     "constraint_names",
     "constraint_order",
     "devices_of",
@@ -45,6 +46,7 @@ __all__ = [
     "set_metric_name",
     "stage_of",
     "twin_prediction",
+    "write_compass",
     "write_devices",
     "write_failure_class",
     "write_recovered_summary",
@@ -66,7 +68,20 @@ _RETRY_HISTORY = "retry_history"
 REQUEUED_FROM_KEY = "autotune.requeued_from"  # a configuration re-queued because it never ran
 # the twin strategy's predicted objective for a trial's config, beside what it measured
 TWIN_PREDICTION_KEY = "autotune.twin_prediction"
+# a staged joint-refinement trial the compass proposed, not TPE (its settle bar depends on it)
+COMPASS_KEY = "autotune.compass"
 _Trial = FrozenTrial | optuna.Trial
+
+
+def write_compass(trial: optuna.Trial) -> None:
+    """``trial`` is a compass move of the staged joint refinement
+    (docs/tuning.md#14-settling-losing-trials)."""
+    trial.set_user_attr(COMPASS_KEY, True)
+
+
+def compass_moved(trial: FrozenTrial) -> bool:
+    """Was ``trial`` a compass move (:func:`write_compass`)?"""
+    return trial.user_attrs.get(COMPASS_KEY) is True
 
 
 def write_twin_prediction(trial: _Trial, predicted: float) -> None:

@@ -162,11 +162,17 @@ def settled_early(
     config's and the baseline's over-length rates stay within ``max_overlength_rate``: by
     their pooled rate over every planned run where ``known_overlength``
     (:func:`final_overlength`) has it, else by the upper bound of their rates over
-    ``runs``."""
-    if s.verdict != "recommend" or s.chosen is None:
+    ``runs``. A ``no-baseline`` verdict (the baseline broke its SLOs, so no gain decides)
+    settles when the baseline's failure is final (:func:`_baseline_out`), the recommended
+    config's over-length rate passes the same test, and every rival that could still be
+    recommended never led it."""
+    if s.verdict not in ("recommend", "no-baseline") or s.chosen is None:
         return False
     known = known_overlength or {}
-    for trial in (s.chosen, s.baseline_trial):
+    if s.verdict == "no-baseline" and not _baseline_out(s, known):
+        # no gain decides (the baseline is out), so it must be out for good
+        return False
+    for trial in (s.chosen,) if s.verdict == "no-baseline" else (s.chosen, s.baseline_trial):
         if trial in known:
             if known[trial] > max_overlength_rate + 1e-12:
                 return False
@@ -174,6 +180,8 @@ def settled_early(
         bound = overlength_bound([r for r in runs if r.trial_number == trial], s.confidence)
         if bound is None or bound > max_overlength_rate:
             return False
+    if s.verdict == "no-baseline":
+        return all(never_led(s.mode, c.trial_number, s.chosen, runs) for c in _rivals(s))
     top = s.candidate(s.chosen)
     if top is None or top.interval is None or not math.isfinite(top.interval.low):
         return False
@@ -187,6 +195,14 @@ def settled_early(
         ):
             return False
     return True
+
+
+def _baseline_out(s: ValidationSummary, known: Mapping[int, float]) -> bool:
+    """The baseline can no longer be held to have met its SLOs in every run: one of its runs
+    (the study's or a validation run) broke the latency or error SLOs, or its pooled
+    over-length rate over every planned run is known to exceed the limit."""
+    broke = s.baseline_study_held is False or s.baseline_held < s.baseline_runs
+    return broke or known.get(s.baseline_trial, 0.0) > s.max_overlength_rate + 1e-12
 
 
 def _rivals(s: ValidationSummary) -> list[CandidateSummary]:
@@ -211,7 +227,13 @@ def _overlapping(s: ValidationSummary) -> tuple[CandidateSummary | None, list[Ca
 
 def passed_over(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int, ...]:
     """The rivals a settled look passed over because they never led the recommended config
-    (:func:`never_led`): their intervals overlapping its own."""
+    (:func:`never_led`): their intervals overlapping its own, or, under a ``no-baseline``
+    verdict (no intervals to compare), every rival."""
+    if s.verdict == "no-baseline" and s.chosen is not None:
+        chosen = s.chosen
+        return tuple(
+            c.trial_number for c in _rivals(s) if never_led(s.mode, c.trial_number, chosen, runs)
+        )
     top, over = _overlapping(s)
     if top is None or s.chosen is None:
         return ()

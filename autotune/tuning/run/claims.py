@@ -39,7 +39,13 @@ from autotune.tuning.search.home_size import RECHECK
 from autotune.tuning.search.rounding import tidy_steps
 from autotune.tuning.search.space import SpaceBounds, enqueue_params, suggest
 from autotune.tuning.search.stages import stage_param
-from autotune.tuning.search.strategy import MEASURED, next_stage, sampler_for, stage_params
+from autotune.tuning.search.strategy import (
+    MEASURED,
+    compass_move,
+    next_stage,
+    sampler_for,
+    stage_params,
+)
 
 __all__ = ["Claimed", "Claims", "Done", "Wait", "decide", "stage_order"]
 
@@ -205,6 +211,11 @@ class Claims:
                     )
                 )
                 self.study.sampler = tidy_steps(sampler)
+                move = (
+                    compass_move(trials, bounds)
+                    if decision == "joint" and self.strategy.name == "staged" and twin is None
+                    else None
+                )
                 trial = self.study.ask()
                 values = suggest(trial, bounds)
                 if twin is not None and twin.get("next_predicted") is not None:
@@ -219,6 +230,8 @@ class Claims:
             # the stage now, under the lock (the claims read it); the engine values follow
             # in record_trial_start
             attrs.write_stage(trial, stage)
+            if move is not None and all(trial.params.get(k) == v for k, v in move.items()):
+                attrs.write_compass(trial)  # settled at the best (tuning.run.settling)
             # a first heartbeat now: Optuna never counts a trial without one as stale
             self.store.optuna_storage().record_heartbeat(trial_id(trial))
             key = claim_key(trial.number)

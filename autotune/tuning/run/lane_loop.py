@@ -145,7 +145,11 @@ async def run_trials(
             noise_rec = study_attrs.read_noise(study)
             trials_now = study.get_trials(deepcopy=False)  # the bar and the plan's size
             bar = settle_bar(
-                cfg, trials_now, stage_name, noise_rec.band_pct if noise_rec is not None else None
+                cfg,
+                trials_now,
+                stage_name,
+                noise_rec.band_pct if noise_rec is not None else None,
+                compass=attrs.compass_moved(frozen),
             )
             inferred = (
                 await infer(

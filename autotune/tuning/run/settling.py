@@ -10,7 +10,9 @@ A trial TPE proposed (the joint stages) is settled lower: at the capacity of the
 in TPE's good group. TPE ranks trials only to split them into a good group (the best
 ``ceil(n / 10)``) and the rest, and puts a pruned trial in the rest; a trial that fails that
 bar belongs to the rest whatever its exact figure, and every trial that could join the good
-group is measured exactly, so settling never changes what TPE learns.
+group is measured exactly, so settling never changes what TPE learns. A compass move of the
+staged joint refinement is settled at the best, as a stage's trial is: the compass reads only
+whether a move beat the best point.
 """
 
 from __future__ import annotations
@@ -48,15 +50,22 @@ def full_search(stage: str) -> bool:
 
 
 def settle_bar(
-    cfg: StudyConfig, trials: Sequence[FrozenTrial], stage: str, band_pct: float | None
+    cfg: StudyConfig,
+    trials: Sequence[FrozenTrial],
+    stage: str,
+    band_pct: float | None,
+    *,
+    compass: bool = False,
 ) -> SettleBar | None:
-    """The bar the next trial of ``stage`` is settled at, or None to measure it in full."""
+    """The bar the next trial of ``stage`` is settled at, or None to measure it in full;
+    ``compass``: the trial is a compass move (:func:`autotune.tuning.attrs.compass_moved`),
+    not TPE's proposal."""
     if cfg.mode != "slo-capacity" or not cfg.strategy.settle or full_search(stage):
         return None
     best = home_trial(trials)
     if best is None or any(v > 0 for v in best.constraints.values()):
         return None  # nothing feasible yet: nothing to settle against
-    if stage in TPE_STAGES:
+    if stage in TPE_STAGES and not compass:
         finished = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
         good = feasible_ranked(trials)
         k = tpe_good_group(finished)

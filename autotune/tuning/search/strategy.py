@@ -49,6 +49,7 @@ from autotune.tuning.search.stages import (
 __all__ = [
     "MEASURED",
     "SETTLED_SCORE",
+    "compass_move",
     "fixed_point",
     "grid_points",
     "next_stage",
@@ -206,17 +207,12 @@ def sampler_for(
         return tpe  # the joint strategy: one multivariate TPE over every parameter
     if stage == "joint":
         # the joint refinement follows the ridge of the two concurrency knobs by compass moves
-        # from the best point (autotune.tuning.search.pattern); the memory parameters stay
-        # where their stages left them (more memory only helps, and the max_model_len stage
-        # chose on over-length and capacity), so no trial is spent undoing them. TPE draws
-        # only once every move is tried.
-        held = {
-            k: v for k, v in fixed_point(trials, b, "max_num_seqs").items() if k not in CONCURRENCY
-        }
-        if held:
-            point = _plane_point(trials, b, held)
-            if point is not None:
-                return optuna.samplers.PartialFixedSampler({**held, **point}, tpe)
+        # from the best point (autotune.tuning.search.pattern); TPE draws only once every
+        # move is tried, with the memory parameters where their stages left them
+        move = compass_move(trials, b)
+        if move is not None:
+            return optuna.samplers.PartialFixedSampler(move, tpe)
+        held = _held(trials, b)
         return optuna.samplers.PartialFixedSampler(held, tpe) if held else tpe
     free, k = stage_param(stage)
     fixed = fixed_point(trials, b, free)
@@ -254,6 +250,21 @@ def sampler_for(
         if value is not None:
             fixed[free] = value
     return optuna.samplers.PartialFixedSampler(fixed, tpe) if fixed else tpe
+
+
+def _held(trials: Sequence[FrozenTrial], b: SpaceBounds) -> dict[str, Any]:
+    """The joint refinement's fixed parameters: every one but the two concurrency knobs, at
+    the best point (more memory only helps, and the max_model_len stage chose on over-length
+    and capacity, so no trial is spent undoing them)."""
+    return {k: v for k, v in fixed_point(trials, b, "max_num_seqs").items() if k not in CONCURRENCY}
+
+
+def compass_move(trials: Sequence[FrozenTrial], b: SpaceBounds) -> dict[str, Any] | None:
+    """The staged joint refinement's next trial as a compass move from the best point (every
+    parameter, the held ones included), or None once every move is tried (TPE draws then)."""
+    held = _held(trials, b)
+    point = _plane_point(trials, b, held) if held else None
+    return None if point is None else {**held, **point}
 
 
 def _plane_point(
