@@ -13,7 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["FailureClass", "FailureMatch", "classify_log", "parse_estimated_max_len"]
+__all__ = [
+    "ARGS_CANNOT_START",
+    "FailureClass",
+    "FailureMatch",
+    "classify_log",
+    "parse_estimated_max_len",
+]
 
 
 class FailureClass(StrEnum):
@@ -33,6 +39,20 @@ class FailureClass(StrEnum):
     KILLED = "KILLED"
     HUNG = "HUNG"
     UNKNOWN = "UNKNOWN"
+
+
+# start failures that the engine arguments, the model and the hardware alone decide: the same
+# launch fails the same way every time (not FREE_MEMORY: another process may hold the memory)
+ARGS_CANNOT_START = frozenset(
+    {
+        FailureClass.NO_KV_MEMORY,
+        FailureClass.KV_TOO_SMALL,
+        FailureClass.MNBT_LT_MAXLEN,
+        FailureClass.MNBT_LT_MNS,
+        FailureClass.MAXLEN_GT_MODEL,
+        FailureClass.CONFIG_INVALID,
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 validation on, once as shipped and once with the rule off, and what each cost and
 recommended. ``--rule tied`` (default) turns off the tie rule (``early_look.tied`` answering
 False); ``--rule no-baseline`` the look at a ``no-baseline`` verdict
-(``early_look._baseline_out`` answering False: the look never stops there, as before).
+(``early_look.baseline_never_serves`` answering False: the look never stops there, as
+before).
 
 The study's search is the same in both (the rule acts only at the look), so a difference is
 the validation phase's alone: its runs, its GPU-hours and its recommendation.
@@ -33,7 +34,7 @@ from autotune.report.recommend import recommend
 from autotune.tuning.measure.cost import study_cost
 
 # the function each rule's "off" side patches to answer False
-RULES = {"tied": "tied", "no-baseline": "_baseline_out"}
+RULES = {"tied": "tied", "no-baseline": "baseline_never_serves"}
 
 
 def one(task: tuple[str, int, bool, str]) -> dict[str, Any]:

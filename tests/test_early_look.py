@@ -3,12 +3,14 @@ docs/tuning.md#7-validation, "Stopping early"): when it looks and at which confi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from autotune.store import RepeatRecord
 from autotune.tuning.measure.early_look import (
+    baseline_never_serves,
     final_overlength,
     look_after,
     look_confidence,
@@ -202,11 +204,17 @@ def test_the_look_stops_past_rivals_that_cannot_win_and_on_a_known_overlength() 
     assert settled_early(s3, base + top + broke, 0.01, {1: 0.006})
 
 
-def test_with_the_baseline_out_the_look_stops_once_no_rival_ever_led() -> None:
-    # docs/tuning.md#7-validation, "No baseline to beat": the baseline cannot start (every
-    # run broke its SLOs), so no gain decides; the look stops when the recommended config
-    # measured at least each rival's figure on every shared sample
-    out = [_run(0, i, cap=None, held=False, role="baseline") for i in range(3)]
+def test_a_baseline_that_cannot_start_leaves_the_look_to_who_leads() -> None:
+    # docs/tuning.md#7-validation, "No baseline to beat": the baseline cannot start (no
+    # memory for the KV cache), so no gain decides and no pending run of it can pair with a
+    # candidate; the look stops when the recommended config measured at least each rival's
+    # figure on every shared sample
+    def cannot(i: int) -> RepeatRecord:
+        r = _run(0, i, cap=None, held=False, role="baseline")
+        return replace(r, failure_class="NO_KV_MEMORY")
+
+    out = [cannot(i) for i in range(3)]
+    assert baseline_never_serves(0, out)
     top = [_run(1, i, cap=c) for i, c in enumerate([0.84, 0.86, 0.85])]
     below = [_run(2, i, cap=c) for i, c in enumerate([0.80, 0.86, 0.82])]
     s = _summary(out + top + below)
@@ -220,13 +228,17 @@ def test_with_the_baseline_out_the_look_stops_once_no_rival_ever_led() -> None:
     s2 = _summary(out + top + led)
     assert s2.verdict == "no-baseline" and s2.chosen == 1
     assert not settled_early(s2, out + top + led, 0.01, {1: 0.0, 2: 0.0})
-    # a baseline that broke only the pooled over-length limit over the runs so far may fall
-    # within it over all of them: not out for good unless its final rate is known
-    over = [_run(0, i, cap=c, role="baseline", rate=0.012) for i, c in enumerate([0.7, 0.72, 0.71])]
-    s3 = _summary(over + top + below)
+    # a baseline that served but broke its SLOs in a run (or one that failed to start for
+    # want of free memory, which another process may have held) can serve the pending runs,
+    # pair with the candidates there and change their ranking: the runs go on
+    served = [_run(0, 0, cap=0.7, held=False, role="baseline"), *out[1:]]
+    s3 = _summary(served + top + below)
     assert s3.verdict == "no-baseline" and s3.chosen == 1
-    assert not settled_early(s3, over + top + below, 0.01, {1: 0.0})
-    assert settled_early(s3, over + top + below, 0.01, {0: 0.012, 1: 0.0})
+    assert not baseline_never_serves(0, served)
+    assert not settled_early(s3, served + top + below, 0.01, {1: 0.0})
+    busy = [replace(out[0], failure_class="FREE_MEMORY"), *out[1:]]
+    assert not baseline_never_serves(0, busy)
+    assert not settled_early(_summary(busy + top + below), busy + top + below, 0.01, {1: 0.0})
 
 
 def test_progress_names_the_rivals_the_look_passed_over(capsys: pytest.CaptureFixture[str]) -> None:

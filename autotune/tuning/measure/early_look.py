@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
 
+from autotune.failures import ARGS_CANNOT_START
 from autotune.store import RepeatRecord
 from autotune.tuning.measure.interval import CandidateSummary, ValidationSummary, runs_of
 from autotune.tuning.measure.validation_plan import block_size
@@ -38,6 +39,7 @@ from autotune.tuning.measure.validation_plan import block_size
 __all__ = [
     "LOOK_SHARE",
     "MIN_LOOK",
+    "baseline_never_serves",
     "final_overlength",
     "look_after",
     "look_confidence",
@@ -163,14 +165,15 @@ def settled_early(
     their pooled rate over every planned run where ``known_overlength``
     (:func:`final_overlength`) has it, else by the upper bound of their rates over
     ``runs``. A ``no-baseline`` verdict (the baseline broke its SLOs, so no gain decides)
-    settles when the baseline's failure is final (:func:`_baseline_out`), the recommended
-    config's over-length rate passes the same test, and every rival that could still be
-    recommended never led it."""
+    settles when the baseline can never serve (:func:`baseline_never_serves`), the
+    recommended config's over-length rate passes the same test, and every rival that could
+    still be recommended never led it."""
     if s.verdict not in ("recommend", "no-baseline") or s.chosen is None:
         return False
     known = known_overlength or {}
-    if s.verdict == "no-baseline" and not _baseline_out(s, known):
-        # no gain decides (the baseline is out), so it must be out for good
+    if s.verdict == "no-baseline" and not baseline_never_serves(s.baseline_trial, runs):
+        # a baseline that served some runs pairs with the candidates on the pending ones, and
+        # the verdict ranks by those pairs' gains: who leads on figures alone is not the answer
         return False
     for trial in (s.chosen,) if s.verdict == "no-baseline" else (s.chosen, s.baseline_trial):
         if trial in known:
@@ -197,12 +200,12 @@ def settled_early(
     return True
 
 
-def _baseline_out(s: ValidationSummary, known: Mapping[int, float]) -> bool:
-    """The baseline can no longer be held to have met its SLOs in every run: one of its runs
-    (the study's or a validation run) broke the latency or error SLOs, or its pooled
-    over-length rate over every planned run is known to exceed the limit."""
-    broke = s.baseline_study_held is False or s.baseline_held < s.baseline_runs
-    return broke or known.get(s.baseline_trial, 0.0) > s.max_overlength_rate + 1e-12
+def baseline_never_serves(baseline: int, runs: Sequence[RepeatRecord]) -> bool:
+    """Every run of the ``baseline`` so far failed to start for a reason its engine arguments
+    decide (:data:`autotune.failures.ARGS_CANNOT_START`): no pending run of it can serve, so
+    it pairs with no candidate and the candidates are ranked on their own figures."""
+    mine = [r for r in runs if r.trial_number == baseline]
+    return bool(mine) and all(r.failure_class in ARGS_CANNOT_START for r in mine)
 
 
 def _rivals(s: ValidationSummary) -> list[CandidateSummary]:
