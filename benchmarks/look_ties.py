@@ -78,8 +78,9 @@ def main() -> None:
     for on, off in zip(out[::2], out[1::2], strict=True):
         same = (on["chosen"], on["runs"]) == (off["chosen"], off["runs"])
         changed += not same
-        other_pick += (on["chosen"], on["keep"]) != (off["chosen"], off["keep"])
-        pick = "same pick" if (on["chosen"], on["keep"]) == (off["chosen"], off["keep"]) else "PICK"
+        same_pick = (on["chosen"], on["keep"]) == (off["chosen"], off["keep"])
+        other_pick += not same_pick
+        pick = "same pick" if same_pick else "PICK"
         print(
             f"{on['name']:26s} seed {on['seed']}: rule on {on['gpu_hours']:6.2f} GPU-h "
             f"(validation {on['validation_gpu_hours']:5.2f}, {on['runs']} runs) | off "

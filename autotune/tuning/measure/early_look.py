@@ -38,6 +38,7 @@ from autotune.tuning.measure.validation_plan import block_size
 
 __all__ = [
     "LOOK_SHARE",
+    "LOOK_VERDICTS",
     "MIN_LOOK",
     "baseline_never_serves",
     "final_overlength",
@@ -51,6 +52,8 @@ __all__ = [
     "tied_with",
 ]
 
+# the verdicts the look can stop on (settled_early says when)
+LOOK_VERDICTS = ("recommend", "no-baseline")
 # the share of the repeats done at the early look, and the fewest repeats it looks at (two
 # pairs' t-interval spans 12.7 standard deviations at 95 %: too wide to settle anything)
 LOOK_SHARE = 0.6
@@ -168,24 +171,28 @@ def settled_early(
     settles when the baseline can never serve (:func:`baseline_never_serves`), the
     recommended config's over-length rate passes the same test, and every rival that could
     still be recommended never led it."""
-    if s.verdict not in ("recommend", "no-baseline") or s.chosen is None:
+    if s.verdict not in LOOK_VERDICTS or s.chosen is None:
         return False
+    chosen = s.chosen
     known = known_overlength or {}
-    if s.verdict == "no-baseline" and not baseline_never_serves(s.baseline_trial, runs):
+
+    def within(trial: int) -> bool:  # its pooled over-length rate stays within the limit
+        if trial in known:
+            return known[trial] <= max_overlength_rate + 1e-12
+        bound = overlength_bound([r for r in runs if r.trial_number == trial], s.confidence)
+        return bound is not None and bound <= max_overlength_rate
+
+    if s.verdict == "no-baseline":
         # a baseline that served some runs pairs with the candidates on the pending ones, and
         # the verdict ranks by those pairs' gains: who leads on figures alone is not the answer
+        return (
+            baseline_never_serves(s.baseline_trial, runs)
+            and within(chosen)
+            and all(never_led(s.mode, c.trial_number, chosen, runs) for c in _rivals(s))
+        )
+    if not (within(chosen) and within(s.baseline_trial)):
         return False
-    for trial in (s.chosen,) if s.verdict == "no-baseline" else (s.chosen, s.baseline_trial):
-        if trial in known:
-            if known[trial] > max_overlength_rate + 1e-12:
-                return False
-            continue
-        bound = overlength_bound([r for r in runs if r.trial_number == trial], s.confidence)
-        if bound is None or bound > max_overlength_rate:
-            return False
-    if s.verdict == "no-baseline":
-        return all(never_led(s.mode, c.trial_number, s.chosen, runs) for c in _rivals(s))
-    top = s.candidate(s.chosen)
+    top = s.candidate(chosen)
     if top is None or top.interval is None or not math.isfinite(top.interval.low):
         return False
     for c in _rivals(s):
@@ -193,7 +200,7 @@ def settled_early(
             return False  # held every run yet unpaired: nothing says it cannot win
         if (
             c.interval.high >= top.interval.low
-            and not never_led(s.mode, c.trial_number, s.chosen, runs)
+            and not never_led(s.mode, c.trial_number, chosen, runs)
             and not tied(c, top, s.noise_band_pct)
         ):
             return False
@@ -232,15 +239,11 @@ def passed_over(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int
     """The rivals a settled look passed over because they never led the recommended config
     (:func:`never_led`): their intervals overlapping its own, or, under a ``no-baseline``
     verdict (no intervals to compare), every rival."""
-    if s.verdict == "no-baseline" and s.chosen is not None:
-        chosen = s.chosen
-        return tuple(
-            c.trial_number for c in _rivals(s) if never_led(s.mode, c.trial_number, chosen, runs)
-        )
-    top, over = _overlapping(s)
-    if top is None or s.chosen is None:
+    if s.chosen is None:
         return ()
-    return tuple(c.trial_number for c in over if never_led(s.mode, c.trial_number, s.chosen, runs))
+    chosen = s.chosen
+    over = _rivals(s) if s.verdict == "no-baseline" else _overlapping(s)[1]
+    return tuple(c.trial_number for c in over if never_led(s.mode, c.trial_number, chosen, runs))
 
 
 def tied_with(s: ValidationSummary, runs: Sequence[RepeatRecord]) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from autotune.tuning.measure.candidates import (
     told_apart,
 )
 from autotune.tuning.measure.early_look import (
+    LOOK_VERDICTS,
     final_overlength,
     look_after,
     look_confidence,
@@ -255,7 +256,7 @@ def _settled_at(
         return None
     conf = look_confidence(cfg.strategy.validate_.confidence)
     s = summary_of(cfg, runs, store.trials(name), noise, confidence=conf)
-    if s is None or s.verdict not in ("recommend", "no-baseline"):
+    if s is None or s.verdict not in LOOK_VERDICTS:
         return None  # settled_early says no too; this draws no sample for a look that cannot stop
     known = final_overlength(every, predict)
     if not settled_early(s, runs, cfg.slo.max_overlength_rate, known):
