@@ -6,6 +6,7 @@ and the bar each trial is settled at."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import optuna
@@ -20,7 +21,7 @@ from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.store import Store
 from autotune.tuning import attrs
-from autotune.tuning.measure.capacity import LEAN, CapacitySearch, Lattice
+from autotune.tuning.measure.capacity import LEAN, ROOM_CAP, CapacitySearch, Lattice
 from autotune.tuning.measure.cost import study_cost
 from autotune.tuning.measure.level_plan import LevelPlan, SettleBar, measure
 from autotune.tuning.measure.scoring import LevelScore, score_level
@@ -111,6 +112,31 @@ def test_a_new_best_climbs_by_half_the_points_its_headroom_spans() -> None:
         s = CapacitySearch(LAT, settle=200, lean=LEAN)
         while (k := s.next_index()) is not None:
             s.record(k, k <= capacity, margin=0.8 if k <= capacity else 1.2)
+        assert s.result().index == capacity
+
+
+def test_a_later_step_up_stays_within_twice_the_points_its_headroom_spans() -> None:
+    # the settle point held at 90 % (10.6 points: the climb starts 5 up, then would double
+    # to 10); a level that held at 99.9 % spans 0.1 of a point, so the next step is 1
+    def climbed(margin: float | None) -> int | None:
+        s = CapacitySearch(LAT, settle=200)
+        s.next_index()
+        s.record(200, True, margin=0.9)
+        assert s.next_index() == 205
+        s.record(205, True, margin=margin)
+        return s.next_index()
+
+    assert climbed(0.999) == 206
+    assert math.ceil(ROOM_CAP * LAT.steps(1 / 0.95)) == 11
+    assert climbed(0.95) == 215  # 11 points of cap: the doubled step of 10 stands
+    assert climbed(0.97) == 205 + math.ceil(ROOM_CAP * LAT.steps(1 / 0.97))  # 7 < 10: capped
+    assert climbed(None) == 215  # no headroom figure: the doubling as before
+    # the cap moves only where the search probes, never where it ends
+    for capacity in (200, 205, 206, 209, 230, 270):
+        s = CapacitySearch(LAT, settle=200, lean=LEAN)
+        while (k := s.next_index()) is not None:
+            room = 1.0 - 0.002 * max(capacity - k, 0)  # closer to the SLO nearer capacity
+            s.record(k, k <= capacity, margin=room if k <= capacity else 1.2)
         assert s.result().index == capacity
 
 

@@ -18,8 +18,9 @@ they are neighbours.
   may lie several points away (validation runs, docs/tuning.md#7-validation); for the same
   reason ``lean`` moves bisection's probe above the middle (``LEAN``). When the hint held
   with a measured latency headroom (p99 at 80 % of its SLO spans 22 points of 1 %), the
-  first step up is :data:`ROOM_SHARE` of those points instead. The bracket
-  narrows only between measured ends, so when feasibility is monotone in load both searches
+  first step up is :data:`ROOM_SHARE` of those points instead, and no later step passes
+  :data:`ROOM_CAP` times the highest held level's. The bracket narrows only between
+  measured ends, so when feasibility is monotone in load both searches
   end on the same lattice point. Under noise they need not: a hint at a high load keeps
   lucky feasible points there, which is why studies search without one.
 - Settling (docs/tuning.md#14-settling-losing-trials): with a ``settle`` point (the best
@@ -54,6 +55,7 @@ from autotune.tuning.measure.lattice import Lattice
 __all__ = [
     "MAX_RUNS",
     "REMEASURE_RUNS",
+    "ROOM_CAP",
     "ROOM_SHARE",
     "CapacityResult",
     "CapacitySearch",
@@ -77,9 +79,10 @@ Status = Literal["found", "at_top", "below_low", "stopped", "budget", "settled"]
 LEAN = 0.6
 
 # The first step up from a held hint (a settle point, a validation run's start), as a share of
-# the lattice points its latency headroom spans (docs/tuning.md#1-the-capacity-lattice,
-# "The first step up")
+# the lattice points its latency headroom spans, and a later step's cap, as a multiple of its
+# held level's (docs/tuning.md#1-the-capacity-lattice, "The first step up", "A later step up")
 ROOM_SHARE = 0.5
+ROOM_CAP = 2.0
 
 # Runs of one point at most: with 3 a majority always exists, and 2 agreeing runs already
 # are one (docs/tuning.md#1-the-capacity-lattice, "Noise").
@@ -190,6 +193,7 @@ class CapacitySearch:
     _ok: int | None = None  # bracket: measured feasible (first runs, until a contradiction)
     _bad: int | None = None  # bracket: measured infeasible
     _step: int = 1  # galloping step away from the hint
+    _room: dict[int, float] = field(default_factory=dict)  # held points' headroom, in points
     _stopped: bool = False
     _noisy: bool = False  # the runs contradicted monotone feasibility: majorities decide
 
@@ -227,12 +231,13 @@ class CapacitySearch:
         ``margin``: the run's worst p99 / SLO (None: not measured). When the first run of
         the hint's point (a settle point is one) held with a measured margin, the search
         climbs from there by :data:`ROOM_SHARE` of the lattice points its headroom spans
-        (at least 1) instead of ``climb``."""
+        (at least 1) instead of ``climb`` (later steps: :data:`ROOM_CAP`)."""
         if k == self.settle and k not in self.runs:
             self._near = near and not feasible
-        first = self.hint is not None and k == self.lattice.index(self.hint) and k not in self.runs
-        if first and feasible and margin is not None and 0 < margin <= 1:
-            self.climb = max(1, round(ROOM_SHARE * self.lattice.steps(1 / margin)))
+        if feasible and margin is not None and 0 < margin <= 1 and k not in self.runs:
+            self._room[k] = self.lattice.steps(1 / margin)
+            if self.hint is not None and k == self.lattice.index(self.hint):
+                self.climb = max(1, round(ROOM_SHARE * self._room[k]))
         if not self._noisy and self._contradicts(k, feasible):
             self._noisy = True
         self.runs.setdefault(k, []).append(feasible)
@@ -365,7 +370,10 @@ class CapacitySearch:
             return 0
         if bad is None:
             assert ok is not None
-            return min(ok + self._step * self.climb, top)
+            step = self._step * self.climb
+            if ok in self._room:
+                step = max(1, min(step, math.ceil(ROOM_CAP * self._room[ok])))
+            return min(ok + step, top)
         return max(bad - self._step, 0)
 
     def result(self) -> CapacityResult:
