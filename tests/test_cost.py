@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ from autotune.tuning.run.gpu_budget import (
 )
 from autotune.tuning.run.status import plan_estimate, study_plan
 from autotune.workers.devices import devices_held
+from autotune.workers.procstat import ProcStat
 from autotune.workers.sim_worker import SimWorker
 from autotune.workload.build import build_workload
 
@@ -300,6 +302,32 @@ def test_a_measured_worker_is_charged_its_lifetime_as_proc_records_it(tmp_path: 
     assert first.worker_startup_s > 0 and rest.worker_startup_s == 0
     assert first.replayed_s > 1.0 and rest.replayed_s > 1.0
     assert math.isclose(first.worker_s + rest.worker_s, life, rel_tol=0.05), (parts, life)
+
+
+def test_the_lifetime_watch_outlasts_a_scan_that_misses_a_living_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The measuring stick of the test above: a child left out of one scan (its command line
+    can read empty for a moment) is still alive, so its lifetime runs to its real exit."""
+    import subprocess
+    import sys
+
+    import support.lifetimes as lifetimes
+
+    scan = lifetimes.children_matching
+    scans = {"n": 0}
+
+    def flaky(match: Callable[[bytes], bool]) -> list[ProcStat]:
+        scans["n"] += 1
+        return [] if scans["n"] == 5 else scan(match)
+
+    monkeypatch.setattr(lifetimes, "children_matching", flaky)
+    with ChildLifetimes() as watch:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)", "serve"])
+        child.wait()
+        time.sleep(0.1)
+    (life,) = watch.lifetimes.values()
+    assert scans["n"] > 5 and 0.9 < life < 1.5, (scans, life)
 
 
 # -- the plan's estimate and the budget ----------------------------------------------------

@@ -10,6 +10,8 @@ import threading
 import time
 from types import TracebackType
 
+from autotune.workers.procstat import read_stat
+
 from .processes import children_matching
 
 __all__ = ["ChildLifetimes"]
@@ -61,6 +63,14 @@ class ChildLifetimes:
         seen = {s.pid: s for s in children_matching(lambda cmd: self.match in cmd)}
         for pid, stat in seen.items():
             self._start.setdefault(pid, stat.start_ticks * _TICK_S)
-        for pid in self._start:  # exited since the last poll (a zombie no longer matches)
-            if pid not in seen and pid not in self._gone:
+        for pid, t0 in self._start.items():
+            if pid not in seen and pid not in self._gone and self._exited(pid, t0):
                 self._gone[pid] = now
+
+    @staticmethod
+    def _exited(pid: int, start_s: float) -> bool:
+        """Gone, a zombie, or its pid reused. Not merely absent from one scan: a living
+        child's command line can read empty for a moment (while the kernel holds its memory
+        map), and one such scan made a 48-second server count as 0.04 seconds."""
+        stat = read_stat(pid)
+        return stat is None or stat.dead or stat.start_ticks * _TICK_S != start_s
