@@ -68,3 +68,27 @@ def test_moves_clipped_onto_the_best_point_or_a_tried_one_are_skipped() -> None:
     assert all(8 <= m <= 16 and 256 <= t <= 512 for m, t in seen)
     assert seen[0] == (16, 256)  # (16, 128) clipped up to the floor of the budget
     assert next_on_plane(home, tried, clip) is None
+
+
+def test_a_diagonal_move_that_tied_splits_into_its_two_axis_moves_first() -> None:
+    home = (60, 406)
+    # (120, 256) held exactly the home's capacity: more sequences gained what the smaller
+    # budget lost, so each knob alone comes next, the sequences first
+    tried = {home, (120, 256)}
+    assert next_on_plane(home, tried, WIDE) == (120, 203)  # no tie: the next diagonal
+    assert next_on_plane(home, tried, WIDE, ties=[(120, 256)]) == (120, 406)
+    tried.add((120, 406))
+    assert next_on_plane(home, tried, WIDE, ties=[(120, 256)]) == (60, 256)
+    tried.add((60, 256))
+    # both axis moves tried: back to the usual order
+    assert next_on_plane(home, tried, WIDE, ties=[(120, 256)]) == next_on_plane(home, tried, WIDE)
+
+
+def test_a_tie_on_one_axis_or_clipped_onto_a_tried_point_adds_no_move() -> None:
+    home = (64, 1024)
+    tried = {home, (128, 1024), (64, 2048)}
+    # a tie that moved one knob only has no second knob to try alone
+    assert next_on_plane(home, tried, WIDE, ties=[(128, 1024)]) == (128, 512)
+    # a tied diagonal whose axis moves were tried already
+    tried |= {(128, 2048)}
+    assert next_on_plane(home, tried, WIDE, ties=[(128, 2048)]) == (128, 512)

@@ -433,6 +433,33 @@ def test_joint_refinement_moves_from_the_best_point_and_follows_a_win() -> None:
     assert (nxt.max_num_seqs, nxt.max_num_batched_tokens) == (8, 8192)
 
 
+def test_joint_refinement_splits_a_tied_diagonal_into_its_axis_moves() -> None:
+    def at(n: int, stage: str, mns: int, mnbt: int, value: float, cap: float) -> Any:
+        t = _full(n, stage, 0.95, mns, value)
+        t.params["max_num_batched_tokens"] = mnbt
+        t.user_attrs["capacity_scale"] = cap
+        return t
+
+    trials = [
+        at(0, "baseline", 64, 2048, 100.0, 0.7),
+        at(1, "max_num_seqs", 32, 2048, 130.0, 0.85),
+    ]
+    # the first move, (64, 1024), held exactly the best point's capacity at a lower figure:
+    # more sequences gained what the smaller budget lost, so each knob alone comes next, the
+    # sequences first; (64, 2048) was measured already (the baseline), so the budget alone
+    trials.append(at(2, "joint", 64, 1024, 129.0, 0.85))
+    nxt = _ask("joint", trials, ST)
+    assert (nxt.max_num_seqs, nxt.max_num_batched_tokens) == (32, 1024)
+    trials[0] = at(0, "baseline", 128, 2048, 100.0, 0.7)
+    nxt = _ask("joint", trials, ST)
+    assert (nxt.max_num_seqs, nxt.max_num_batched_tokens) == (64, 2048)
+    # a move that held less than the best point's capacity splits into nothing: the usual
+    # order, the opposite trade
+    trials[2] = at(2, "joint", 64, 1024, 110.0, 0.8)
+    nxt = _ask("joint", trials, ST)
+    assert (nxt.max_num_seqs, nxt.max_num_batched_tokens) == (16, 4096)
+
+
 def test_max_model_len_is_rechecked_at_the_tuned_concurrency() -> None:
     def at(number: int, stage: str, mml: int, mns: int, value: float) -> Any:
         t = _full(number, stage, 0.95, mns, value)

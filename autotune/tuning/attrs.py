@@ -29,6 +29,7 @@ __all__ = [
     "TrialSummary",
     "as_enqueued",
     "baseline_evidence",
+    "capacity_of",
     "compass_moved",
     "constraint_names",
     "constraint_order",
@@ -61,6 +62,7 @@ STAGE_KEY = "stage"  # the trial user attributes: stage, label, devices, ...
 LABEL_KEY = "label"
 DEVICES_KEY = "devices"
 FAILURE_CLASS_KEY = "failure_class"
+CAPACITY_KEY = "capacity_scale"  # TrialSummary.capacity_scale's attribute
 ENGINE_PREFIX = "engine."  # one per engine arg: engine.max_num_batched_tokens
 _LEGACY_ENGINE_ARGS = "engine_args"  # studies before one attribute per arg
 _FIXED_PARAMS = "fixed_params"  # trial system attributes: these two are Optuna's own
@@ -338,7 +340,13 @@ def write_recovered_summary(
     """The verdict of a result autotune stored before its controller died (None written)."""
     trial.set_user_attr("feasible", feasible)
     trial.set_user_attr(FAILURE_CLASS_KEY, failure_class)
-    trial.set_user_attr("capacity_scale", scale)
+    trial.set_user_attr(CAPACITY_KEY, scale)
+
+
+def capacity_of(t: FrozenTrial) -> float | None:
+    """The capacity a finished trial recorded (the load scale of its highest held point)."""
+    scale = t.user_attrs.get(CAPACITY_KEY)
+    return None if scale is None else float(scale)
 
 
 def baseline_evidence(t: FrozenTrial) -> BaselineEvidence:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
+from autotune.tuning.attrs import capacity_of
 from autotune.tuning.measure.level_plan import SettleBar
 from autotune.tuning.search.home_size import home_trial
 from autotune.tuning.search.ranking import feasible_ranked
@@ -72,7 +73,7 @@ def settle_bar(
         if len(good) < k:
             return None  # TPE would fill its good group with pruned trials: measure in full
         best = good[k - 1]
-    scale = best.user_attrs.get("capacity_scale")
+    scale = capacity_of(best)
     status = best.user_attrs.get("capacity_status")
     if scale is None or status not in SETTLED_STATUSES:
         return None

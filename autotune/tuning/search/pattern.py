@@ -9,12 +9,13 @@ of several octaves (three of one study's five had budgets of 34,688 to 47,563 to
 search moves only from the best point found so far, along the diagonals first, then the
 axes, by an octave, then half, then a quarter (a compass search). Every move that does not
 win is a trial that settled or scored below the best, which is all it needs to know, and it
-draws no random numbers: the same trials give the same next point.
+draws no random numbers: the same trials give the same next point. A diagonal move that tied
+the best point is the exception: its two axis moves come next.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 __all__ = ["MOVES", "SCALES", "next_on_plane"]
 
@@ -41,12 +42,23 @@ def next_on_plane(
     home: tuple[int, int],
     tried: Collection[tuple[int, int]],
     clip: Callable[[float, float], tuple[int, int]],
+    ties: Sequence[tuple[int, int]] = (),
 ) -> tuple[int, int] | None:
     """The first point around ``home`` (the best so far) not yet ``tried``: at the largest
     scale that has one, in :data:`MOVES` order; None when every move is tried at every
     scale. ``clip(seqs, tokens)`` rounds a point into the valid ranges (the budget's range
-    depends on the sequences)."""
+    depends on the sequences).
+
+    ``ties``: tried points that held exactly the home's capacity. A diagonal move that tied
+    moved two knobs whose effects cancelled: unless neither knob mattered, one of them alone
+    gains. So its two axis moves (its sequences at the home's budget, then the home's
+    sequences at its budget) come before any other move."""
     m, t = home
+    for tm, tt in ties:
+        if tm != m and tt != t:
+            for point in (clip(tm, t), clip(m, tt)):
+                if point != (m, t) and point not in tried:
+                    return point
     for scale in SCALES:
         f = 2.0**scale
         for dm, dt in MOVES:

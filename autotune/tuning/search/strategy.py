@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StrategyConfig
-from autotune.tuning.attrs import engine_value, stage_of
+from autotune.tuning.attrs import capacity_of, engine_value, stage_of
 from autotune.tuning.search.home_size import RECHECK, home_trial, size_of, unfit_sizes
 from autotune.tuning.search.linesearch import next_on_line
 from autotune.tuning.search.pattern import next_on_plane
@@ -290,7 +290,20 @@ def _plane_point(
         and all(n in t.params for n in CONCURRENCY)
         and _at(t, b, held)
     }
-    point = next_on_plane(home, tried, clip)
+    # the points that held exactly the home's capacity: a tied diagonal is split into its
+    # two axis moves first (docs/tuning.md#8-the-staged-plan, "The joint refinement")
+    edge = capacity_of(best)
+    ties = [
+        clip(_engine(t, "max_num_seqs"), _engine(t, MNBT_PARAM))
+        for t in sorted(trials, key=lambda t: t.number)
+        if t.state == TrialState.COMPLETE
+        and t.number != best.number
+        and edge is not None
+        and capacity_of(t) == edge
+        and all(n in t.params for n in CONCURRENCY)
+        and _at(t, b, held)
+    ]
+    point = next_on_plane(home, tried, clip, ties)
     return None if point is None else {"max_num_seqs": point[0], MNBT_PARAM: point[1]}
 
 
