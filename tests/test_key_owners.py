@@ -41,6 +41,7 @@ LEVEL_KEYS: dict[str, tuple[str, ...]] = {
 OTHER_RECORDS = {
     ("autotune/report/tables.py", "stage"): "a row of the trials table (report/tables.py)",
     ("autotune/report/tables.py", "failure_class"): "a row of the trials table",
+    ("autotune/report/tables.py", "capacity_scale"): "a row of the trials table",
     ("benchmarks/tuning_quality.py", "replay_s"): "the benchmark's own per-study record",
 }
 # the Optuna attribute keys' owners: every module-level string constant named ``*_KEY``
