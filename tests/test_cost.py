@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import support.lifetimes as lifetimes
 from support.databases import BACKENDS, fresh_database
 from support.lifetimes import ChildLifetimes
 from support.runners import ScriptedRunner
@@ -309,11 +312,6 @@ def test_the_lifetime_watch_outlasts_a_scan_that_misses_a_living_child(
 ) -> None:
     """The measuring stick of the test above: a child left out of one scan (its command line
     can read empty for a moment) is still alive, so its lifetime runs to its real exit."""
-    import subprocess
-    import sys
-
-    import support.lifetimes as lifetimes
-
     scan = lifetimes.children_matching
     scans = {"n": 0}
 

@@ -283,25 +283,24 @@ def _plane_point(
         return m, mnbt_engine_value(round(tokens), lo, hi)
 
     home = clip(_engine(best, "max_num_seqs"), _engine(best, MNBT_PARAM))
-    tried = {
-        clip(_engine(t, "max_num_seqs"), _engine(t, MNBT_PARAM))
-        for t in trials
+    plane = [
+        (t, clip(_engine(t, "max_num_seqs"), _engine(t, MNBT_PARAM)))
+        for t in sorted(trials, key=lambda t: t.number)
         if t.state in (*MEASURED, TrialState.RUNNING)
         and all(n in t.params for n in CONCURRENCY)
         and _at(t, b, held)
-    }
+    ]
+    tried = {p for _, p in plane}
     # the points that held exactly the home's capacity: a tied diagonal is split into its
     # two axis moves first (docs/tuning.md#8-the-staged-plan, "The joint refinement")
     edge = capacity_of(best)
     ties = [
-        clip(_engine(t, "max_num_seqs"), _engine(t, MNBT_PARAM))
-        for t in sorted(trials, key=lambda t: t.number)
-        if t.state == TrialState.COMPLETE
+        p
+        for t, p in plane
+        if edge is not None
+        and t.state == TrialState.COMPLETE
         and t.number != best.number
-        and edge is not None
         and capacity_of(t) == edge
-        and all(n in t.params for n in CONCURRENCY)
-        and _at(t, b, held)
     ]
     point = next_on_plane(home, tried, clip, ties)
     return None if point is None else {"max_num_seqs": point[0], MNBT_PARAM: point[1]}
