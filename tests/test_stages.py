@@ -269,6 +269,21 @@ def test_line_search_counts_running_trials_as_tried() -> None:
     assert next_on_line([(0.9, 1.0)], 0.9, 0.9, log=False, step=0.01, n_coarse=2) is None
 
 
+def test_a_line_that_found_no_rise_tries_its_end_before_narrowing_in() -> None:
+    """``end`` (value, score): after the grid, the value is tried when nothing on the line
+    beats the score by more than the tolerance; a line that rose narrows in as before."""
+    flat: list[tuple[float, float | None]] = [(8192.0, 1.0), (645.0, -0.5), (26008.0, 1.0)]
+    kw: dict[str, Any] = {"log": True, "step": 1, "n_coarse": 3}
+    assert next_on_line(flat, 256, 65536, **kw, end=(256, 1.0)) == 256
+    assert next_on_line(flat, 256, 65536, **kw) != 256  # without it: beside the plateau
+    rose = [(8192.0, 1.0), (645.0, 1.2), (26008.0, -0.5)]
+    assert next_on_line(rose, 256, 65536, **kw, end=(256, 1.0)) == next_on_line(
+        rose, 256, 65536, **kw
+    )
+    tried = [*flat, (256.0, -0.5)]  # tried once, never again
+    assert next_on_line(tried, 256, 65536, **kw, end=(256, 1.0)) not in (None, 256)
+
+
 # -- fixed-rate ranking ---------------------------------------------------------------------------
 
 
@@ -563,3 +578,39 @@ def test_a_sim_study_with_a_fixed_kv_size_runs_no_memory_trial(tmp_path: Path) -
     assert {t.kv_cache_tokens for t in trials} == {8192}
     assert len({t.engine_args["max_num_seqs"] for t in trials}) > 1
     assert study.user_attrs["autotune.bounds"].count('"kv_cache_memory_bytes": "1073741824"') == 1
+
+
+# -- the token budget's floor --------------------------------------------------------------------
+
+
+def _at_budget(number: int, stage: str, mnbt: int, value: float, pruned: bool = False) -> Any:
+    t = _full(number, stage, 0.95, 64, value)
+    t.params["max_num_batched_tokens"] = mnbt
+    if pruned:  # settled (docs/tuning.md#14-settling-losing-trials)
+        t.state, t.values = TrialState.PRUNED, None
+    return t
+
+
+def test_the_token_budget_tries_its_floor_when_its_map_found_no_rise() -> None:
+    """Pass 1's token budget line maps its grid; when no point there beats where the line
+    began (the best trial of the stages before), its floor comes next, before narrowing in
+    (docs/tuning.md#8-the-staged-plan); when one does, the line narrows in as before."""
+    trials = [
+        _full(0, "baseline", 0.9, 64, 100.0),
+        _full(1, "max_model_len", 0.9, 64, 100.0),
+        _full(2, "gpu_memory_utilization", 0.95, 64, 110.0),
+    ]
+    stage = "max_num_batched_tokens"
+    grid = []
+    for n in (3, 4):
+        v = _ask(stage, trials, ST).max_num_batched_tokens
+        assert v != 256
+        grid.append(v)
+        trials.append(_at_budget(n, stage, v, 0.0, pruned=True))
+    # both grid points settled below the line's start (2048 at 110 tok/s): the floor next
+    assert _ask(stage, trials, ST).max_num_batched_tokens == 256
+    # a grid point that rose: no floor, the line narrows in beside it
+    risen = [*trials[:3], _at_budget(3, stage, grid[0], 130.0), trials[4]]
+    assert _ask(stage, risen, ST).max_num_batched_tokens != 256
+    # a coordinate pass (k >= 2) polishes within POLISH of the best point
+    assert _ask("max_num_batched_tokens.2", trials, ST).max_num_batched_tokens > 256

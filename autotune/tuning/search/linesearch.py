@@ -6,8 +6,10 @@ near-repeats (TPE drew ``max_num_seqs`` 8 twice in one five-trial stage); a line
 not. It first spreads ``n_coarse`` points over the range (log-spaced for the log-scaled
 parameters), then halves the larger gap beyond the plateau of the best points found on the
 line (scores within noise of the best), so every trial either maps the line or narrows in on
-the edge of its best region. Capacity curves over one of these
-parameters rise to one plateau and fall past it, the shape a bracketing search suits.
+the edge of its best region. Capacity curves over one of these parameters mostly rise to one
+plateau and fall past it, the shape a bracketing search suits. The token budget's can also
+rise at its floor, where every step is shortest, past a dip the grid's points fall in; so a
+line that found no rise over where it began can try one end (``end``) before narrowing in.
 """
 
 from __future__ import annotations
@@ -40,13 +42,16 @@ def next_on_line(
     step: float,
     n_coarse: int,
     tol: float = 0.01,
+    end: tuple[float, float] | None = None,
 ) -> float | None:
     """The next value to try, or None when every value worth trying has been tried.
 
     ``points``: (value, score) of the trials on this line, higher score better (an
     infeasible trial scores below every feasible one; None: still running, tried but not
     known). ``step``: the parameter's granularity (1 for integers). ``tol``: scores within
-    this share of the best are a tie (one capacity-lattice step is 1 %)."""
+    this share of the best are a tie (one capacity-lattice step is 1 %). ``end``: (value,
+    score): once the grid is mapped, ``value`` comes next, unless tried, when no point on the
+    line scores above ``score`` by more than ``tol``."""
     tried = {_quantize(x, lo, hi, step) for x, _ in points}
     ulo, uhi = _fwd(lo, log), _fwd(hi, log)
     if uhi <= ulo:
@@ -67,6 +72,10 @@ def next_on_line(
     # (their differences are noise), and the larger gap beyond either edge of the plateau is
     # halved next (the range's ends bound it)
     top = max(f for _, f in scored)
+    if end is not None and top <= end[1] + tol * abs(end[1]):
+        x = _quantize(end[0], lo, hi, step)
+        if x not in tried:
+            return x
     plateau = [_quantize(x, lo, hi, step) for x, f in scored if f >= top - tol * abs(top)]
     xs = sorted(tried)
     left_edge, right_edge = min(plateau), max(plateau)

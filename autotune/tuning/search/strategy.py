@@ -181,7 +181,7 @@ def fixed_point(trials: Sequence[FrozenTrial], b: SpaceBounds, free: str) -> dic
     if best is None:
         return {}
     names = stage_params(b)
-    return {k: _clip(b, k, _engine(best, k)) for k in best.params if k in names and k != free}
+    return {k: _clip(b, k, engine_value(best, k)) for k in best.params if k in names and k != free}
 
 
 def sampler_for(
@@ -237,7 +237,7 @@ def sampler_for(
         if not untried and k >= 2 and best is not None:
             # every choice measured at this point already (a parallel controller's, or a
             # restarted pass): measure another than the best's rather than let TPE pick
-            now = _clip(b, free, _engine(best, free))
+            now = _clip(b, free, engine_value(best, free))
             untried = [c for c in choices if c != now]
         if untried:
             if free == TP_PARAM and k >= 2 and best is not None:
@@ -282,9 +282,9 @@ def _plane_point(
         lo, hi = mnbt_range(b, mml, m, b.enable_chunked_prefill)
         return m, mnbt_engine_value(round(tokens), lo, hi)
 
-    home = clip(_engine(best, "max_num_seqs"), _engine(best, MNBT_PARAM))
+    home = clip(engine_value(best, "max_num_seqs"), engine_value(best, MNBT_PARAM))
     plane = [
-        (t, clip(_engine(t, "max_num_seqs"), _engine(t, MNBT_PARAM)))
+        (t, clip(engine_value(t, "max_num_seqs"), engine_value(t, MNBT_PARAM)))
         for t in sorted(trials, key=lambda t: t.number)
         if t.state in (*MEASURED, TrialState.RUNNING)
         and all(n in t.params for n in CONCURRENCY)
@@ -308,7 +308,7 @@ def _plane_point(
 
 def _at(t: FrozenTrial, b: SpaceBounds, point: dict[str, Any]) -> bool:
     """The trial ran at ``point``'s values (engine values, clipped as stages hold them)."""
-    return all(_clip(b, n, _engine(t, n)) == v for n, v in point.items())
+    return all(_clip(b, n, engine_value(t, n)) == v for n, v in point.items())
 
 
 def _measured_at(trials: Sequence[FrozenTrial], b: SpaceBounds, point: dict[str, Any]) -> bool:
@@ -331,10 +331,6 @@ def _per_device_point(b: SpaceBounds, fixed: dict[str, Any], now: int, size: int
         if name in out:
             out[name] = _clip(b, name, round(int(out[name]) * size / now))
     return out
-
-
-def _engine(t: FrozenTrial, name: str) -> Any:
-    return engine_value(t, name)
 
 
 def _line_value(
@@ -362,18 +358,19 @@ def _line_value(
         return None
     best = home_trial(trials)
     if k >= 2 and best is not None:
-        x = float(_clip(b, free, _engine(best, free)))
+        x = float(_clip(b, free, engine_value(best, free)))
         lo, hi = max(lo, x / POLISH), min(hi, x * POLISH)
         if step >= 1:
             lo, hi = float(math.ceil(lo)), float(math.floor(hi))
     points: list[tuple[float, float | None]] = []
+    prior: list[float] = []  # the scores on the line from before this stage
     top_tried = False
     for t in trials:
         if t.state not in (*MEASURED, TrialState.RUNNING) or free not in t.params:
             continue
         if not _at(t, b, fixed):
             continue
-        if not lo <= float(_engine(t, free)) <= hi:
+        if not lo <= float(engine_value(t, free)) <= hi:
             continue  # off this pass's range
         score: float | None = None
         if t.state == TrialState.COMPLETE and t.value is not None:
@@ -381,16 +378,20 @@ def _line_value(
             score = float(t.value) if feasible else -1.0
         elif t.state == TrialState.PRUNED:
             score = SETTLED_SCORE
-        points.append((float(_engine(t, free)), score))
-        top_tried = top_tried or at_top(float(_engine(t, free)), hi)
+        points.append((float(engine_value(t, free)), score))
+        if score is not None and stage_of(t) != stage:
+            prior.append(score)
+        top_tried = top_tried or at_top(float(engine_value(t, free)), hi)
     if free == "gpu_memory_utilization" and k == 1 and not top_tried:
         # more memory only adds KV blocks (capacity never falls as it rises): the top of the
         # range first, and the stage closes when it is best (stages._top_best)
         return round(hi, 2)
     budget = next((s.budget for s in stage_plan(trials, st, b) if s.name == stage), 0)
-    value = next_on_line(
-        points, lo, hi, log=log, step=step, n_coarse=2 if k >= 2 else max(2, budget // 2 + 1)
-    )
+    # pass 1's token budget: its floor next when the map found no rise over where the line
+    # began (docs/tuning.md#8-the-staged-plan, "The token budget's floor")
+    end = (lo, max(prior)) if free == MNBT_PARAM and k == 1 and prior else None
+    n = 2 if k >= 2 else max(2, budget // 2 + 1)
+    value = next_on_line(points, lo, hi, log=log, step=step, n_coarse=n, end=end)
     if value is None:
         return None
     return round(value, 2) if step < 1 else int(value)
