@@ -370,7 +370,8 @@ def _line_value(
             continue
         if not _at(t, b, fixed):
             continue
-        if not lo <= float(engine_value(t, free)) <= hi:
+        v = float(engine_value(t, free))
+        if not lo <= v <= hi:
             continue  # off this pass's range
         score: float | None = None
         if t.state == TrialState.COMPLETE and t.value is not None:
@@ -378,10 +379,10 @@ def _line_value(
             score = float(t.value) if feasible else -1.0
         elif t.state == TrialState.PRUNED:
             score = SETTLED_SCORE
-        points.append((float(engine_value(t, free)), score))
+        points.append((v, score))
         if score is not None and stage_of(t) != stage:
             prior.append(score)
-        top_tried = top_tried or at_top(float(engine_value(t, free)), hi)
+        top_tried = top_tried or at_top(v, hi)
     if free == "gpu_memory_utilization" and k == 1 and not top_tried:
         # more memory only adds KV blocks (capacity never falls as it rises): the top of the
         # range first, and the stage closes when it is best (stages._top_best)
