@@ -25,7 +25,7 @@ from autotune.report.best_output import format_recommendation
 from autotune.report.recommend import recommend
 from autotune.store import RepeatRecord, Store, StudyRecord, TrialRecord
 from autotune.tuning.measure import validate
-from autotune.tuning.measure.candidates import start_of
+from autotune.tuning.measure.candidates import runs_can_rank, start_of
 from autotune.tuning.measure.interval import summary_of
 from autotune.tuning.measure.noise import NoiseRecord, NoiseRun, band_of
 from autotune.tuning.measure.outcome import LevelOutcome
@@ -352,17 +352,19 @@ def test_a_study_validates_after_its_search_within_its_time_limit(
         spec.update({n: (0.5 + n / 512, 0.01) for n in range(1, 4097)})
         first = controller.run_study("t", store, timeout=4 * 4 + 10)  # the search, then 10 s
         assert first.trials_run == 4 and first.stopped_by == "timeout"
-        assert 0 < first.validation_runs < 6
+        # 2 repeats of the baseline and the best, and of a runner-up unless the runs could not
+        # rank it (docs/tuning.md#7-validation, "Which configs")
+        planned = len(store.repeats("t"))
+        assert planned in (4, 6) and 0 < first.validation_runs < planned
         second = controller.run_study("t", store)
         assert (second.trials_run, second.stopped_by) == (0, "plan complete")
-        assert first.validation_runs + second.validation_runs == 6
+        assert first.validation_runs + second.validation_runs == planned
         assert len(study.trials) == 4  # re-measurements are not trials
         attr = optuna.load_study(study_name="t", storage=store.optuna_storage()).user_attrs[
             VALIDATION_KEY
         ]
-        assert (
-            attr["complete"] and attr["runs_done"] == 6 and attr["verdict"] in ("recommend", "keep")
-        )
+        assert attr["complete"] and attr["runs_done"] == planned
+        assert attr["verdict"] in ("recommend", "keep")
 
 
 def test_study_best_and_export_carry_the_interval(tmp_path: Path) -> None:
@@ -574,6 +576,53 @@ def test_a_runner_up_the_study_told_apart_is_not_re_measured(tmp_path: Path) -> 
                 assert start.told_apart == ()
     assert seen[0.5] == {0, 1}
     assert seen[3.0] == seen[None] == {0, 1, 2}
+
+
+@field("strategy.validate.top_k")
+@pytest.mark.parametrize("mode", ["slo-capacity", "offline"])
+def test_a_runner_up_whose_lead_the_runs_cannot_resolve_is_not_re_measured(
+    tmp_path: Path, mode: str
+) -> None:
+    # docs/tuning.md#7-validation, "Which configs": trial 2 ties trial 1 in the study. On a
+    # server whose noise band is 0.5 %, below one 1 % step, it can lead trial 1 by less than
+    # a run resolves (two steps for a capacity run, one for a one-level run), so only trial 1
+    # and the baseline are re-measured and progress says why. With a band of 1.5 % the runs
+    # could rank them, so both are
+    spec = {0: (1.0, 0.01), 1: (1.3, 0.01), 2: (1.3, 0.01)}
+    seen: dict[float, set[int]] = {}
+    for band in (0.5, 1.5):
+        over: dict[str, Any] = {"mode": mode}
+        if mode == "offline":
+            over |= {"workload": {"arrival": "closed", "concurrency": 8, "rate": None}}
+        st = {"capacity_levels": 24, "capacity_high": 4.0}
+        cfg = config(strategy=st | {"validate": {"top_k": 2, "repeats": 2}}, **over)[0]
+        with Store.open(f"sqlite:///{tmp_path / f'{mode}{band}.db'}") as store:
+            _study(store, cfg, {0: 100.0, 1: 130.0, 2: 129.9})
+            for t in store.trials("t"):
+                assert t.id is not None
+                store.update_trial(t.id, capacity_scale=1.3 if t.optuna_trial_number else 1.0)
+            events: list[Any] = []
+            _validate(store, cfg, spec, noise=_noise(band), on_event=events.append)
+            seen[band] = {r.trial_number for r in store.repeats("t")}
+            start = next(e for e in events if type(e).__name__ == "ValidationStart")
+            if band == 0.5:
+                assert len(start.told_apart) == 1 and start.told_apart[0].startswith("trial 2 (")
+                assert "the runs could not rank them" in start.told_apart[0]
+            else:
+                assert start.told_apart == ()
+    assert seen[0.5] == {0, 1}
+    assert seen[1.5] == {0, 1, 2}
+
+
+def test_the_runs_rank_a_runner_up_only_on_a_server_noisy_by_a_step() -> None:
+    # docs/tuning.md#7-validation, "Which configs": a band below one lattice step leaves a
+    # lead the runs cannot resolve; a band of a step (the floor when the boundary runs
+    # disagreed) or more, or none measured, leaves the ranking to the runs
+    assert not runs_can_rank(0.5, 1.0)
+    assert not runs_can_rank(0.99, 1.0)
+    assert runs_can_rank(1.0, 1.0)
+    assert runs_can_rank(1.2, 1.0)
+    assert runs_can_rank(None, 1.0)
 
 
 def _noise(band: float) -> NoiseRecord:

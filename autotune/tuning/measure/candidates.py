@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.store import RepeatRecord, TrialRecord
 
-__all__ = ["candidates_of", "measured_alike", "start_of", "told_apart"]
+__all__ = ["candidates_of", "measured_alike", "runs_can_rank", "start_of", "told_apart"]
 
 
 def told_apart(
@@ -30,6 +30,17 @@ def told_apart(
     else:
         return False
     return 100.0 * (a / b - 1.0) > band_pct + (step_pct or 0.0) + 1e-9
+
+
+def runs_can_rank(band_pct: float | None, step_pct: float) -> bool:
+    """The validation runs could rank a runner-up the study did not tell apart above the
+    best (docs/tuning.md#7-validation, "Which configs"). Such a runner-up can lead by at most
+    the server's noise band plus one lattice step (``step_pct``) in slo-capacity mode, the
+    band in the one-level modes; a run resolves two steps (its lattice's) in the one and one
+    step (the interval's floor) in the others. So the runs rank it only where the band is at
+    least one step: where the baseline's boundary runs flipped a verdict or moved its figures
+    by a step or more. Unmeasured noise (``band_pct`` None) bounds nothing."""
+    return band_pct is None or band_pct >= step_pct - 1e-9
 
 
 def start_of(

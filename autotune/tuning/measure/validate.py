@@ -27,6 +27,7 @@ from autotune.store import RepeatRecord, Store, TrialRecord, WorkerUsage
 from autotune.tuning.measure.candidates import (
     candidates_of,
     measured_alike,
+    runs_can_rank,
     start_of,
     told_apart,
 )
@@ -100,11 +101,14 @@ def _plan(
         cfg.strategy.validate_.top_k,
         lambda t: record_rank(cfg.mode, slo, t),
     )
-    # a runner-up the study already told from the best is not re-measured (told_apart)
+    # a runner-up the study already told from the best is not re-measured (told_apart), nor
+    # one whose lead the runs could not resolve (runs_can_rank)
     step = 100.0 * cfg.strategy.capacity_resolution if cfg.mode == "slo-capacity" else None
     band = noise.band_pct if noise is not None else None
+    quiet = not runs_can_rank(band, 100.0 * cfg.strategy.capacity_resolution)
     apart = [c for c in cands[1:] if told_apart(cands[0], c, band, step)]
-    cands = [c for c in cands if c not in apart]
+    close = [c for c in cands[1:] if quiet and c not in apart]
+    cands = [c for c in cands if c not in apart and c not in close]
     if base is None or not cands:
         return [], ()  # nothing to compare: the search's own answer stands
     try:
@@ -119,6 +123,12 @@ def _plan(
         f"{cands[0].optuna_trial_number}'s {_figure(cands[0], step)}): the study told them "
         f"apart by more than the server's noise band ({band:.1f} %) plus one step"
         for c in apart
+    ) + tuple(
+        f"trial {c.optuna_trial_number} ({_figure(c, step)} against trial "
+        f"{cands[0].optuna_trial_number}'s {_figure(cands[0], step)}): the runs could not "
+        f"rank them, since the server's noise band ({band:.1f} %) is below one lattice "
+        f"step ({100.0 * cfg.strategy.capacity_resolution:g} %)"
+        for c in close
     )
     return store.repeats(name), notes
 

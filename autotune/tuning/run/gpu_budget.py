@@ -232,8 +232,9 @@ def estimate(
         runs if cfg.worker.kind == "sim" else worker_starts(cfg.validation_repeats, v.top_k + 1)
     )
     run_startup = startup * starts / runs if runs else startup
-    # at its fewest: the best config and the baseline (a runner-up the study told apart is
-    # not run), up to the early look when it may settle the verdict (docs/tuning.md#7-validation)
+    # at its fewest: the best config and the baseline (a runner-up the study told apart, or
+    # one the runs could not rank, is not run), up to the early look when it may settle the
+    # verdict (docs/tuning.md#7-validation)
     look = look_after(cfg.validation_repeats) if v.stop_early else None
     least_repeats = look or cfg.validation_repeats
     least_runs = min(2 * least_repeats, runs)
