@@ -102,13 +102,23 @@ def _plan(
         lambda t: record_rank(cfg.mode, slo, t),
     )
     # a runner-up the study already told from the best is not re-measured (told_apart), nor
-    # one whose lead the runs could not resolve (runs_can_rank)
-    step = 100.0 * cfg.strategy.capacity_resolution if cfg.mode == "slo-capacity" else None
+    # one whose lead the runs could not resolve (runs_can_rank); each with why
+    lattice = 100.0 * cfg.strategy.capacity_resolution
+    step = lattice if cfg.mode == "slo-capacity" else None
     band = noise.band_pct if noise is not None else None
-    quiet = not runs_can_rank(band, 100.0 * cfg.strategy.capacity_resolution)
-    apart = [c for c in cands[1:] if told_apart(cands[0], c, band, step)]
-    close = [c for c in cands[1:] if quiet and c not in apart]
-    cands = [c for c in cands if c not in apart and c not in close]
+    left_out: list[tuple[TrialRecord, str]] = []
+    for c in cands[1:]:
+        if told_apart(cands[0], c, band, step):
+            left_out.append(
+                (c, f"the study told them apart by more than the server's noise band "
+                    f"({band:.1f} %) plus one step")
+            )  # fmt: skip
+        elif not runs_can_rank(band, lattice):
+            left_out.append(
+                (c, f"the runs could not rank them, since the server's noise band "
+                    f"({band:.1f} %) is below one lattice step ({lattice:g} %)")
+            )  # fmt: skip
+    cands = [c for c in cands if c not in [o for o, _ in left_out]]
     if base is None or not cands:
         return [], ()  # nothing to compare: the search's own answer stands
     try:
@@ -120,15 +130,8 @@ def _plan(
         return runs, ()  # another controller of the study planned it first
     notes = tuple(
         f"trial {c.optuna_trial_number} ({_figure(c, step)} against trial "
-        f"{cands[0].optuna_trial_number}'s {_figure(cands[0], step)}): the study told them "
-        f"apart by more than the server's noise band ({band:.1f} %) plus one step"
-        for c in apart
-    ) + tuple(
-        f"trial {c.optuna_trial_number} ({_figure(c, step)} against trial "
-        f"{cands[0].optuna_trial_number}'s {_figure(cands[0], step)}): the runs could not "
-        f"rank them, since the server's noise band ({band:.1f} %) is below one lattice "
-        f"step ({100.0 * cfg.strategy.capacity_resolution:g} %)"
-        for c in close
+        f"{cands[0].optuna_trial_number}'s {_figure(cands[0], step)}): {why}"
+        for c, why in left_out
     )
     return store.repeats(name), notes
 
