@@ -162,3 +162,22 @@ def test_no_held_out_row_at_all_is_said() -> None:
     )
     assert gpu_class("A100-80GB") == gpu_class("A100-40GB") == "A100"
     assert gpu_class("RTX-4090") == "RTX-4090"
+
+
+def test_the_bounds_sweep_moves_only_the_constant_it_names() -> None:
+    """benchmarks/sim_accuracy_bounds.py: a larger API-server cost per request lengthens a
+    lone request's TTFT by about the difference and leaves its decode alone; a larger
+    all-reduce latency lengthens a tensor-parallel row's TPOT and leaves a TP 1 row's as it
+    was."""
+    import sim_accuracy_bounds as bounds
+
+    by_id = {r.id: r for r in ROWS}
+    lone, tp8 = by_id["gpustack-qwen3-8b-h100-c1"], by_id["suraj-llama33-70b-a100-40g-tp8-qps1"]
+    base = bounds.predict([lone], bounds.per_request(0.0055))[lone.id]
+    slow = bounds.predict([lone], bounds.per_request(0.0255))[lone.id]
+    assert slow["mean_ttft_ms"] - base["mean_ttft_ms"] == pytest.approx(20.0, abs=2.0)
+    assert slow["mean_tpot_ms"] == pytest.approx(base["mean_tpot_ms"], rel=0.02)
+    near, far = (bounds.predict([lone, tp8], bounds.allreduce(s)) for s in (10e-6, 40e-6))
+    assert far[lone.id] == near[lone.id]
+    # 160 all-reduces a step (two per layer, 80 layers) at 30 us more: about 4.8 ms a token
+    assert far[tp8.id]["mean_tpot_ms"] - near[tp8.id]["mean_tpot_ms"] == pytest.approx(4.8, rel=0.2)
