@@ -26,6 +26,10 @@
    simulated engine's for the predictors), which the API server's and the client's delays on
    this host's shared cores do not reach.
 
+``--quick`` checks only that the path completes (CI's real-vLLM group): the tiny model, one
+held-out config, one round, five-second loads, and the fit run from its start alone
+(``QUICK_FIT_STARTS``; ``benchmarks/twin_refit.py --quick`` refits the same way).
+
 Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N] [--calibrate-on N]
 Ends with one JSON line: ``heldout_throughput_err_pct_max``, ``heldout_p50_ttft_err_pct_max``,
 ``heldout_p50_tpot_err_pct_max``, ``heldout_engine_itl_err_pct_max``, ``noise_band_pct``,
@@ -52,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_study import ENV, Server, build_model, find_venv
 
+from autotune.calibrate import FIT_STARTS
 from autotune.calibrate.live import engine_delta
 from autotune.calibrate.server_fit import calibrate_live, write_profile
 from autotune.config import parse_config
@@ -74,6 +79,8 @@ HELD_OUT = [
     {"max_model_len": 512, "max_num_seqs": 16, "max_num_batched_tokens": 512},
 ]
 SHARES = (0.5, 0.85)
+# the fit's runs in --quick: one, from the base profile, about a third of the default's CPU
+QUICK_FIT_STARTS = 1
 HEADLINE = ("capacity", "median_ttft_ms", "median_tpot_ms", "engine_itl_ms")
 METRICS = (
     "output_throughput",
@@ -267,7 +274,10 @@ def main() -> None:
             srv = serve(venv, model_dir, ea, work / f"w{i}-{k}")
             try:
                 if twin is None and i == 0:
-                    live = asyncio.run(calibrate_live(srv.url, model, base, engine_args(ea)))
+                    starts = QUICK_FIT_STARTS if a.quick else FIT_STARTS
+                    live = asyncio.run(
+                        calibrate_live(srv.url, model, base, engine_args(ea), starts=starts)
+                    )
                     twin = twin_hardware(live.calibration.spec(), "twin")
                     cal = live.calibration
                     saved = write_profile(live.spec, work / "twin.yaml")

@@ -9,6 +9,7 @@ twin to the same probes with ``DEFAULT_FITTED`` and with ``DEFAULT_FITTED`` plus
 and prints ``twin_fidelity``'s report for each, on the same measurements: a paired
 comparison of two fits, free of the spread between runs (each run's servers differ). The
 first fit is the one the run made (the fit is deterministic), which the script checks.
+``--quick``: the folder of a ``--quick`` run, refitted as that run fitted (from one start).
 
 Usage: python benchmarks/twin_refit.py WORKDIR [--also cost.t_req ...] [--quick]
 Ends with one JSON line: each fit's constants and its ``twin_err_pct_max`` and medians.
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import twin_fidelity as tf
 
-from autotune.calibrate import DEFAULT_FITTED, fit_twin
+from autotune.calibrate import DEFAULT_FITTED, FIT_STARTS, fit_twin
 from autotune.calibrate.observe import Observation
 from autotune.calibrate.server_fit import suite_for
 from autotune.calibrate.twin_fit import Constant
@@ -95,7 +96,8 @@ def main() -> None:
     summary = {}
     fits = (("default", DEFAULT_FITTED), ("+" + ",".join(a.also), DEFAULT_FITTED + extra))
     for name, fitted in fits:
-        cal = fit_twin(suite, seen, model, base, ea, fitted=fitted)
+        starts = tf.QUICK_FIT_STARTS if a.quick else FIT_STARTS  # as the run fitted
+        cal = fit_twin(suite, seen, model, base, ea, fitted=fitted, starts=starts)
         print(f"\n=== fit {name}: {cal.residual_pct}")
         for (section, c), v in cal.values.items():
             print(f"  {section}.{c} = {v:.4g} ± {cal.stderr[(section, c)]:.2g}")

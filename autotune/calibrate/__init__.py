@@ -10,10 +10,17 @@ from __future__ import annotations
 from autotune.calibrate.measured_levels import LevelTarget, level_observations
 from autotune.calibrate.observe import Observation, Timing, observe
 from autotune.calibrate.probes import Probe, default_suite
-from autotune.calibrate.twin_fit import DEFAULT_FITTED, Calibration, fit_twin, predict
+from autotune.calibrate.twin_fit import (
+    DEFAULT_FITTED,
+    FIT_STARTS,
+    Calibration,
+    fit_twin,
+    predict,
+)
 
 __all__ = [
     "DEFAULT_FITTED",
+    "FIT_STARTS",
     "Calibration",
     "LevelTarget",
     "Observation",

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from autotune.calibrate.live import ProbeRun, SuiteRun, run_suite
 from autotune.calibrate.probes import Probe, default_suite
-from autotune.calibrate.twin_fit import Calibration, fit_twin
+from autotune.calibrate.twin_fit import FIT_STARTS, Calibration, fit_twin
 from autotune.errors import AutotuneError, ConfigError
 from autotune.profiles.hardware import HardwareProfile
 from autotune.profiles.models import ModelProfile
@@ -67,13 +67,14 @@ async def calibrate_live(
     api_key: str | None = None,
     probes: Sequence[Probe] | None = None,
     progress: Callable[[ProbeRun], None] | None = None,
+    starts: int = FIT_STARTS,
 ) -> LiveCalibration:
     """Probe ``base_url`` with the default suite for ``args``' limits and fit the twin.
 
     ``args`` are the server's engine args as far as known (the probes stay inside its
     ``max_model_len``, ``max_num_seqs`` and ``max_num_batched_tokens``; the twin replays the
-    probes with them). ``probes`` replaces the default suite. Raises AutotuneError when no
-    probe completed a request.
+    probes with them). ``probes`` replaces the default suite; ``starts``, the fit's runs
+    (:func:`fit_twin`). Raises AutotuneError when no probe completed a request.
     """
     suite = list(probes) if probes is not None else suite_for(model, base, args)
     run = await run_suite(base_url, suite, model=served_model, api_key=api_key, progress=progress)
@@ -83,7 +84,7 @@ async def calibrate_live(
             f"calibration: no probe request to {base_url} succeeded ({failed} failed); "
             "is the server serving this model?"
         )
-    cal = fit_twin(suite, run.observations, model, base, args)
+    cal = fit_twin(suite, run.observations, model, base, args, starts=starts)
     measured = measured_here(run.server.base_url, run.server.version, run.server.model_id)
     return LiveCalibration(run, cal, cal.spec(measured))
 

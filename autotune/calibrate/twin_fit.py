@@ -34,6 +34,7 @@ from autotune.sim import EngineArgs, Measured, TwinFile, simulate, twin_constant
 
 __all__ = [
     "DEFAULT_FITTED",
+    "FIT_STARTS",
     "PRIOR_SIGMA",
     "Calibration",
     "Constant",
@@ -57,6 +58,9 @@ DEFAULT_FITTED: tuple[Constant, ...] = (
     ("front_end", "per_prompt_token"),
     ("front_end", "per_output_token"),
 )
+# Runs of the fit, from the start and from seeded points around it: the figures are piecewise
+# in the constants, so one run can stop in a local minimum (docs/calibrate.md#3-the-fit).
+FIT_STARTS = 4
 # The prior's width on ln(constant): a factor of 10 either way is one sigma. Wide enough for
 # a server unlike the base profile's; a constant the probes do not pin stays near its base.
 PRIOR_SIGMA = math.log(10.0)
@@ -137,7 +141,7 @@ def fit_twin(
     *,
     fitted: Sequence[Constant] = DEFAULT_FITTED,
     max_iter: int = 25,
-    starts: int = 4,
+    starts: int = FIT_STARTS,
     start: TwinFile | None = None,
     warm: Mapping[Constant, float] | None = None,
     time_limit_s: float | None = None,
