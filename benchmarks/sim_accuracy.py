@@ -28,7 +28,7 @@ import csv
 import json
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.errors import ProfileError, SimStartupError
-from autotune.profiles.hardware import get_hardware
+from autotune.profiles.hardware import HardwareProfile, get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import EngineArgs, SimRequest, SimResult, lognormal_requests, simulate
 from autotune.sim.accuracy import ACCURACY_FILE, AccuracyGroup, AccuracyTable, gpu_class
@@ -184,14 +184,19 @@ def figures(res: SimResult) -> dict[str, float]:
     }
 
 
-def replay(row: Row) -> dict[str, float] | str:
-    """The row's predicted figures, or why it was skipped."""
+def replay(
+    row: Row, adjust: Callable[[HardwareProfile], HardwareProfile] | None = None
+) -> dict[str, float] | str:
+    """The row's predicted figures, or why it was skipped; ``adjust`` changes the row's GPU
+    profile first (benchmarks/sim_accuracy_bounds.py sweeps a constant with it)."""
     if row.input_len is None or row.output_len is None:
         return "lengths not published"
     try:
         hw = get_hardware(row.gpu)
     except ProfileError:
         return f"no GPU profile for {row.gpu}"
+    if adjust is not None:
+        hw = adjust(hw)
     args = EngineArgs(tensor_parallel_size=row.tp, **row.engine_args)
     try:
         res = simulate(

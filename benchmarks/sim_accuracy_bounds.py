@@ -33,11 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_accuracy import DATA, GROUPS, SEED, Row, figures, mape, model_of, read_rows, requests_of
+from sim_accuracy import DATA, Row, group_figures, read_rows, replay
 
-from autotune.errors import ProfileError, SimStartupError
-from autotune.profiles.hardware import HardwareProfile, get_hardware
-from autotune.sim import EngineArgs, simulate
+from autotune.profiles.hardware import HardwareProfile
 
 PER_REQUEST_MS = (0.0, 2.5, 5.5, 10.0, 15.0, 20.0, 25.0, 27.5, 30.0, 32.5, 35.0, 40.0, 50.0)
 ALLREDUCE_US = (2.5, 5.0, 10.0, 20.0, 30.0, 40.0, 60.0, 80.0)
@@ -62,36 +60,14 @@ def allreduce(seconds: float) -> Adjust:
 
 
 def predict(rows: Sequence[Row], adjust: Adjust) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for row in rows:
-        if row.input_len is None or row.output_len is None:
-            continue
-        try:
-            hw = adjust(get_hardware(row.gpu))
-            args = EngineArgs(tensor_parallel_size=row.tp, **row.engine_args)
-            res = simulate(
-                model_of(row.model),
-                hw,
-                args,
-                requests_of(row),
-                seed=SEED,
-                concurrency=row.concurrency,
-            )
-        except (ProfileError, SimStartupError):
-            continue
-        out[row.id] = figures(res)
-    return out
+    """Each row's figures on its GPU profile as ``adjust`` changes it (skipped rows left out)."""
+    got = {r.id: replay(r, adjust) for r in rows}
+    return {k: v for k, v in got.items() if not isinstance(v, str)}
 
 
 def group_mape(rows: Sequence[Row], pred: dict[str, dict[str, float]], group: str) -> float | None:
-    pairs = [
-        (pred[r.id][m], r.published[m])
-        for r in rows
-        if r.id in pred
-        for m in GROUPS[group]
-        if m in r.published
-    ]
-    return mape(pairs)
+    out: float | None = group_figures(rows, pred, {})[f"{group}_mape"]  # the benchmark's MAPE
+    return out
 
 
 def sweep(

@@ -28,7 +28,7 @@
 
 ``--quick`` checks only that the path completes (CI's real-vLLM group): the tiny model, one
 held-out config, one round, five-second loads, and the fit run from its start alone
-(``QUICK_FIT_STARTS``; ``benchmarks/twin_refit.py --quick`` refits the same way).
+(``fit_starts``; ``benchmarks/twin_refit.py --quick`` refits the same way).
 
 Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N] [--calibrate-on N]
 Ends with one JSON line: ``heldout_throughput_err_pct_max``, ``heldout_p50_ttft_err_pct_max``,
@@ -79,8 +79,6 @@ HELD_OUT = [
     {"max_model_len": 512, "max_num_seqs": 16, "max_num_batched_tokens": 512},
 ]
 SHARES = (0.5, 0.85)
-# the fit's runs in --quick: one, from the base profile, about a third of the default's CPU
-QUICK_FIT_STARTS = 1
 HEADLINE = ("capacity", "median_ttft_ms", "median_tpot_ms", "engine_itl_ms")
 METRICS = (
     "output_throughput",
@@ -112,6 +110,12 @@ def requests(
         p, o = lengths or (int(rng.integers(64, 257)), int(rng.integers(32, 97)))
         out.append(WorkloadRequest(p, o, arrival=float(t[i]), request_id=f"r{seed}-{run}-{i}"))
     return Workload(out, "twin fidelity")
+
+
+def fit_starts(quick: bool) -> int:
+    """The fit's runs: ``--quick``'s one, from the base profile (about a third of the default's
+    CPU: the path is checked, not the fit), else the default."""
+    return 1 if quick else FIT_STARTS
 
 
 def burst_requests(i: int, k: int, quick: bool) -> Workload:
@@ -274,9 +278,10 @@ def main() -> None:
             srv = serve(venv, model_dir, ea, work / f"w{i}-{k}")
             try:
                 if twin is None and i == 0:
-                    starts = QUICK_FIT_STARTS if a.quick else FIT_STARTS
                     live = asyncio.run(
-                        calibrate_live(srv.url, model, base, engine_args(ea), starts=starts)
+                        calibrate_live(
+                            srv.url, model, base, engine_args(ea), starts=fit_starts(a.quick)
+                        )
                     )
                     twin = twin_hardware(live.calibration.spec(), "twin")
                     cal = live.calibration

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import twin_fidelity as tf
 
-from autotune.calibrate import DEFAULT_FITTED, FIT_STARTS, fit_twin
+from autotune.calibrate import DEFAULT_FITTED, fit_twin
 from autotune.calibrate.observe import Observation
 from autotune.calibrate.server_fit import suite_for
 from autotune.calibrate.twin_fit import Constant
@@ -95,8 +95,8 @@ def main() -> None:
             ap.error(f"--also {'.'.join(c)}: not a constant of {base.name} left unfitted")
     summary = {}
     fits = (("default", DEFAULT_FITTED), ("+" + ",".join(a.also), DEFAULT_FITTED + extra))
+    starts = tf.fit_starts(a.quick)  # as the run fitted
     for name, fitted in fits:
-        starts = tf.QUICK_FIT_STARTS if a.quick else FIT_STARTS  # as the run fitted
         cal = fit_twin(suite, seen, model, base, ea, fitted=fitted, starts=starts)
         print(f"\n=== fit {name}: {cal.residual_pct}")
         for (section, c), v in cal.values.items():

@@ -118,7 +118,8 @@ def _plan(
                 (c, f"the runs could not rank them, since the server's noise band "
                     f"({band:.1f} %) is below one lattice step ({lattice:g} %)")
             )  # fmt: skip
-    cands = [c for c in cands if c not in [o for o, _ in left_out]]
+    dropped = [c for c, _ in left_out]
+    cands = [c for c in cands if c not in dropped]
     if base is None or not cands:
         return [], ()  # nothing to compare: the search's own answer stands
     try:
