@@ -27,8 +27,9 @@
    this host's shared cores do not reach.
 
 ``--quick`` checks only that the path completes (CI's real-vLLM group): the tiny model, one
-held-out config, one round, five-second loads, and the fit run from its start alone
-(``fit_starts``; ``benchmarks/twin_refit.py --quick`` refits the same way).
+held-out config, one round, two-second loads, the held-out config's server started while the
+calibration config's is measured, and the fit run from its start alone (``fit_starts``;
+``benchmarks/twin_refit.py --quick`` refits the same way).
 
 Usage: python benchmarks/twin_fidelity.py [--quick] [--venv PATH] [--repeats N] [--calibrate-on N]
 Ends with one JSON line: ``heldout_throughput_err_pct_max``, ``heldout_p50_ttft_err_pct_max``,
@@ -46,6 +47,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +127,43 @@ def burst_requests(i: int, k: int, quick: bool) -> Workload:
 
 
 def load_requests(i: int, share: float, rate: float, k: int, quick: bool) -> Workload:
-    """Config ``i``'s Poisson load at ``share`` of its capacity (``rate``) in round ``k``."""
-    n = max(20, int(rate * (5.0 if quick else 25.0)))
+    """Config ``i``'s Poisson load at ``share`` of its capacity (``rate``) in round ``k``:
+    25 s of it, 2 s under ``--quick``, at least 20 requests."""
+    n = max(20, int(rate * (2.0 if quick else 25.0)))
     return requests(n, rate, 200 + i * 10 + SHARES.index(share), run=k)
+
+
+def servers(
+    venv: Path, model: Path, plan: list[tuple[int, dict[str, Any], int]], work: Path, ahead: bool
+) -> Iterator[tuple[int, dict[str, Any], int, Server]]:
+    """A fresh server for each ``(config, engine args, round)`` of ``plan``, in order,
+    stopped when the caller moves on. ``ahead`` starts each next server together with the
+    one before (``--quick``, whose figures are not judged: two servers on this host's two
+    cores disturb each other's timings); otherwise a server starts after the one before
+    stopped."""
+    pool = ThreadPoolExecutor(2)
+
+    def start(j: int) -> Future[Server] | None:
+        if j >= len(plan):
+            return None
+        i, ea, k = plan[j]
+        return pool.submit(serve, venv, model, ea, work / f"w{i}-{k}")
+
+    nxt = start(0)
+    try:
+        for j, (i, ea, k) in enumerate(plan):
+            now, nxt = nxt, start(j + 1) if ahead else None
+            assert now is not None
+            srv = now.result()
+            try:
+                yield i, ea, k, srv
+            finally:
+                srv.stop()
+            nxt = nxt or start(j + 1)
+    finally:  # the caller stopped early: the server started ahead goes too
+        if nxt is not None:
+            nxt.result().stop()
+        pool.shutdown()
 
 
 def engine_args(ea: dict[str, Any]) -> EngineArgs:
@@ -271,48 +308,40 @@ def main() -> None:
     # round, so a drift of the host lands on every config alike): a re-measurement of a
     # config starts its own server, and fresh servers of one config differ by more than
     # one server's repeats (docs/calibrate.md#5-prediction-on-real-vllm).
-    for k in range(repeats):
-        order = list(enumerate(configs))
-        for i, ea in order if k % 2 == 0 else order[::-1]:
-            label, row = labels[i], rows[labels[i]]
-            srv = serve(venv, model_dir, ea, work / f"w{i}-{k}")
-            try:
-                if twin is None and i == 0:
-                    live = asyncio.run(
-                        calibrate_live(
-                            srv.url, model, base, engine_args(ea), starts=fit_starts(a.quick)
-                        )
-                    )
-                    twin = twin_hardware(live.calibration.spec(), "twin")
-                    cal = live.calibration
-                    saved = write_profile(live.spec, work / "twin.yaml")
-                    print(f"calibrated in {live.suite.wall_s:.0f} s: {cal.residual_pct}; {saved}")
-                    for (section, name), v in cal.values.items():
-                        print(f"  {section}.{name} = {v:.4g} ± {cal.stderr[(section, name)]:.2g}")
-                    for o in live.suite.observations:  # what the probes measured
-                        print(f"  probe {o.probe} {o.metric} {o.value * 1e3:.2f} ms")
-                    # kept for refitting offline (Observation's fields)
-                    seen = [dataclasses.asdict(o) for o in live.suite.observations]
-                    (work / "probes.json").write_text(json.dumps(seen, indent=1))
-                # a burst for the capacity, then the two loads (their order alternating);
-                # the loads' rates are shares of the first round's burst capacity
-                burst = burst_requests(i, k, a.quick)
-                cap, sent = asyncio.run(measure(srv.url, burst))
-                row["caps"].append(cap)
-                row["bursts"].append((burst, sent))
-                print(f"{label} {ea} burst run {k}: {json.dumps(cap)}", flush=True)
-                for share in SHARES if k % 2 == 0 else SHARES[::-1]:
-                    rate = share * row["caps"][0]["request_throughput"]
-                    wl = load_requests(i, share, rate, k, a.quick)
-                    m, sent = asyncio.run(measure(srv.url, wl))
-                    load = row["loads"].setdefault(
-                        str(share), {"rate": rate, "runs": [], "sent": []}
-                    )
-                    load["runs"].append(m)
-                    load["sent"].append((wl, sent))
-                    print(f"{label} {ea} share {share} run {k}: {json.dumps(m)}", flush=True)
-            finally:
-                srv.stop()
+    order = list(enumerate(configs))
+    plan = [(i, ea, k) for k in range(repeats) for i, ea in (order[:: 1 if k % 2 == 0 else -1])]
+    for i, ea, k, srv in servers(venv, model_dir, plan, work, ahead=a.quick):
+        label, row = labels[i], rows[labels[i]]
+        if twin is None and i == 0:
+            live = asyncio.run(
+                calibrate_live(srv.url, model, base, engine_args(ea), starts=fit_starts(a.quick))
+            )
+            twin = twin_hardware(live.calibration.spec(), "twin")
+            cal = live.calibration
+            saved = write_profile(live.spec, work / "twin.yaml")
+            print(f"calibrated in {live.suite.wall_s:.0f} s: {cal.residual_pct}; {saved}")
+            for (section, name), v in cal.values.items():
+                print(f"  {section}.{name} = {v:.4g} ± {cal.stderr[(section, name)]:.2g}")
+            for o in live.suite.observations:  # what the probes measured
+                print(f"  probe {o.probe} {o.metric} {o.value * 1e3:.2f} ms")
+            # kept for refitting offline (Observation's fields)
+            seen = [dataclasses.asdict(o) for o in live.suite.observations]
+            (work / "probes.json").write_text(json.dumps(seen, indent=1))
+        # a burst for the capacity, then the two loads (their order alternating);
+        # the loads' rates are shares of the first round's burst capacity
+        burst = burst_requests(i, k, a.quick)
+        cap, sent = asyncio.run(measure(srv.url, burst))
+        row["caps"].append(cap)
+        row["bursts"].append((burst, sent))
+        print(f"{label} {ea} burst run {k}: {json.dumps(cap)}", flush=True)
+        for share in SHARES if k % 2 == 0 else SHARES[::-1]:
+            rate = share * row["caps"][0]["request_throughput"]
+            wl = load_requests(i, share, rate, k, a.quick)
+            m, sent = asyncio.run(measure(srv.url, wl))
+            load = row["loads"].setdefault(str(share), {"rate": rate, "runs": [], "sent": []})
+            load["runs"].append(m)
+            load["sent"].append((wl, sent))
+            print(f"{label} {ea} share {share} run {k}: {json.dumps(m)}", flush=True)
     for row in rows.values():
         row["capacity"] = {k: statistics.median(c[k] for c in row["caps"]) for k in row["caps"][0]}
     # the measurements, for refitting or re-predicting offline (the workloads follow from

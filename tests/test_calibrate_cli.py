@@ -68,6 +68,10 @@ def test_calibrate_probes_a_live_server_and_writes_a_profile_that_predicts_it(
                 str(out),
                 "--max-model-len",
                 "2048",
+                # one run of the fit, not four: a third of the CPU; the starts' choice is
+                # test_calibrate_fit.py's
+                "--fit-starts",
+                "1",
             ],
             capture_output=True,
             text=True,
@@ -100,8 +104,8 @@ def test_calibrate_probes_a_live_server_and_writes_a_profile_that_predicts_it(
 def test_a_bad_out_is_refused_before_any_probe(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An --out that cannot be written is one line, before the server is asked anything
-    (port 9 refuses: a probe would say "cannot reach server")."""
+    """An --out that cannot be written, or a fit of no runs, is one line, before the server
+    is asked anything (port 9 refuses: a probe would say "cannot reach server")."""
     base = ["calibrate", "--base-url", "http://127.0.0.1:9", "--model", MODEL]
     code, out, err = run_main([*base, "--out", str(tmp_path)], capsys)
     assert code == 1 and err.strip().splitlines() == [
@@ -112,6 +116,11 @@ def test_a_bad_out_is_refused_before_any_probe(
     code, out, err = run_main([*base, "--out", str(blocker / "twin.yaml")], capsys)
     assert code == 1 and err.startswith(f"error: --out: cannot write {blocker / 'twin.yaml'} (")
     assert "reach server" not in err and out == ""
+    code, out, err = run_main([*base, "--fit-starts", "0"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        "error: autotune calibrate: Invalid value for '--fit-starts': Input should be greater "
+        "than or equal to 1 (see `autotune calibrate --help`)"
+    ]
 
 
 @contextlib.contextmanager

@@ -36,16 +36,18 @@ WRONG = TwinFile(
     front_end={"per_request": 1e-3},
 )
 SLO = {"p99_ttft_ms": 3000, "p99_tpot_ms": 30}
+SCREEN_CPU_S = 8.0  # a round's budget; 15 s found the same best, in twice the time
 
 
-def twin_config(tmp_path: Path, **twin: Any) -> tuple[Any, str]:
+def twin_config(tmp_path: Path, validate: bool = True, **twin: Any) -> tuple[Any, str]:
     path = tmp_path / "wrong.yaml"
     path.write_text(dump_twin(WRONG))
     strategy = {
         "name": "twin",
+        "validate": {"enabled": validate},
         "capacity_levels": 12,
         "capacity_high": 16.0,
-        "twin": {"profile": f"file:{path}", "real_trials": 4, "screen_cpu_s": 15.0, **twin},
+        "twin": {"profile": f"file:{path}", "real_trials": 4, "screen_cpu_s": SCREEN_CPU_S, **twin},
     }
     return config(slo=SLO, strategy=strategy)
 
@@ -74,7 +76,7 @@ def test_a_wrong_twin_is_refitted_and_finds_the_real_optimum(store: Store, tmp_p
     assert {t.stage for t in trials[1:]} == {"twin"} and 1 <= len(trials) - 1 <= 4
     # a round ran after every measured trial; the last one said why the search ends
     assert len(rounds) == len(trials) and rounds[-1].stop is not None
-    assert all(r.cpu_s <= 15.0 * 1.5 for r in rounds), [r.cpu_s for r in rounds]
+    assert all(r.cpu_s <= SCREEN_CPU_S * 1.5 for r in rounds), [r.cpu_s for r in rounds]
     # every twin trial carries the twin's prediction beside its measurement
     study = optuna.load_study(study_name="t", storage=store.optuna_storage())
     for ft in study.trials[1:]:
@@ -85,12 +87,13 @@ def test_a_wrong_twin_is_refitted_and_finds_the_real_optimum(store: Store, tmp_p
     stored = study_attrs.read_twin(study)
     assert stored is not None and stored["trials_seen"] == len(trials)
     assert max(stored["residual_pct"].values()) < 5
-    # the real optimum: 25 s of screening on the real worker's own profile
+    # the real optimum: 30 configs screened on the real worker's own profile (by count, so
+    # the same on every host; 53 configs in 25 s of CPU found the same best)
     model = model_of(cfg)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     bounds = build_bounds(cfg, model, wl.profile(), 0)
     real = hardware_of("A100-80GB")
-    truth = screen(cfg, real, wl, bounds, cpu_s=25, max_configs=300)[0][1]
+    truth = screen(cfg, real, wl, bounds, cpu_s=600, max_configs=30)[0][1]
     best = max(t.objective or 0.0 for t in trials)
     assert best >= 0.97 * truth, (best, truth)
     # the wrong twin alone, unfitted, would have predicted a third of that
@@ -105,7 +108,8 @@ def test_a_wrong_twin_is_refitted_and_finds_the_real_optimum(store: Store, tmp_p
 def test_real_trials_caps_the_twin_trials(
     store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg, text = twin_config(tmp_path, real_trials=1, screen_cpu_s=3.0)
+    # no validation phase: not what this test is about, and a third of its time
+    cfg, text = twin_config(tmp_path, validate=False, real_trials=1, screen_cpu_s=3.0)
     create_study(cfg, text, store)
     run_study("t", store)
     trials = store.trials("t")
@@ -180,6 +184,7 @@ def test_calibrate_from_study_fits_the_stored_levels(
     out = tmp_path / "fitted.yaml"
     url = f"sqlite:///{tmp_path / 'a.db'}"
     args = ["calibrate", "--from-study", "t", "--storage", url, "--hardware", f"file:{wrong}"]
+    args += ["--fit-starts", "1"]
     code, stdout, err = run_main([*args, "--out", str(out)], capsys)
     assert code == 0, err
     assert f"wrote {out}" in stdout

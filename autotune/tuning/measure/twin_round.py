@@ -148,14 +148,17 @@ def fit_from_trials(
     trials: Sequence[TrialRecord],
     *,
     start: TwinFile | None = None,
+    starts: int | None = None,
 ) -> Calibration:
     """The twin fitted to a study's measured levels (``autotune calibrate --from-study``,
-    docs/calibrate.md#4-from-measured-levels). Raises ValueError when no trial measured a
-    level with figures."""
+    docs/calibrate.md#4-from-measured-levels), from ``starts`` runs (None: two). Raises
+    ValueError when no trial measured a level with figures."""
     targets, observed = level_targets(cfg, wl, trials)
     if not targets:
         raise ValueError(f"study {cfg.name!r} has no measured level to fit to")
-    return fit_twin(targets, observed, model, base, sim_engine_args({}, {}), starts=2, start=start)
+    return fit_twin(
+        targets, observed, model, base, sim_engine_args({}, {}), starts=starts or 2, start=start
+    )
 
 
 def screen(
