@@ -10,8 +10,11 @@ and prints ``twin_fidelity``'s report for each, on the same measurements: a pair
 comparison of two fits, free of the spread between runs (each run's servers differ). The
 first fit is the one the run made (the fit is deterministic), which the script checks.
 ``--quick``: the folder of a ``--quick`` run, refitted as that run fitted (from one start).
+A constant that is 0 on the base profile is fitted from a start given with it
+(``--also front_end.engine_share=1``: the API server sharing the engine core's CPU,
+docs/simulator.md#34-the-api-server).
 
-Usage: python benchmarks/twin_refit.py WORKDIR [--also cost.t_req ...] [--quick]
+Usage: python benchmarks/twin_refit.py WORKDIR [--also cost.t_req NAME=START ...] [--quick]
 Ends with one JSON line: each fit's constants and its ``twin_err_pct_max`` and medians.
 """
 
@@ -22,7 +25,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,7 +38,7 @@ from autotune.calibrate.server_fit import suite_for
 from autotune.calibrate.twin_fit import Constant
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
-from autotune.sim import twin_constants, twin_hardware
+from autotune.sim import TwinFile, twin_constants, twin_hardware
 
 
 def rows_of(kept: dict[str, Any], quick: bool) -> dict[str, Any]:
@@ -89,18 +92,34 @@ def main() -> None:
     suite = suite_for(model, base, ea)
     held = [label for label in rows if label != "calibration"]
     known = twin_constants(base)
-    extra: tuple[Constant, ...] = tuple((s, n) for s, _, n in (c.partition(".") for c in a.also))
-    for c in extra:
+    extra: list[Constant] = []
+    begin: dict[str, dict[str, float]] = {}  # the starts given, by twin file section
+    for given in a.also:
+        name, _, value = given.partition("=")
+        c = cast(Constant, tuple(name.split(".", 1)))
         if c not in known or c in DEFAULT_FITTED:
-            ap.error(f"--also {'.'.join(c)}: not a constant of {base.name} left unfitted")
+            ap.error(f"--also {name}: not a constant of {base.name} left unfitted")
+        try:
+            at = float(value) if value else known[c]
+        except ValueError:
+            ap.error(f"--also {given}: the start after '=' is not a number")
+        if not at > 0:  # the fit moves log(x)
+            ap.error(f"--also {given}: 0 on {base.name}; give a start above 0 ({name}=1)")
+        if value:
+            begin.setdefault(c[0], {})[c[1]] = at
+        extra.append(c)
+    start = TwinFile(autotune_twin=1, base=base.name, **begin) if begin else None
     summary = {}
-    fits = (("default", DEFAULT_FITTED), ("+" + ",".join(a.also), DEFAULT_FITTED + extra))
+    fits = (
+        ("default", DEFAULT_FITTED, None),
+        ("+" + ",".join(a.also), DEFAULT_FITTED + tuple(extra), start),
+    )
     starts = tf.fit_starts(a.quick)  # as the run fitted
-    for name, fitted in fits:
-        cal = fit_twin(suite, seen, model, base, ea, fitted=fitted, starts=starts)
+    for name, fitted, at in fits:
+        cal = fit_twin(suite, seen, model, base, ea, fitted=fitted, starts=starts, start=at)
         print(f"\n=== fit {name}: {cal.residual_pct}")
         for (section, c), v in cal.values.items():
-            print(f"  {section}.{c} = {v:.4g} ± {cal.stderr[(section, c)]:.2g}")
+            print(f"  {section}.{c} = {v:.4g} ± {cal.stderr.get((section, c), 0.0):.2g}")
         twin = twin_hardware(cal.spec(), "twin")
         out = tf.report(rows, model, base, twin, held, 0.0)
         summary[name] = {

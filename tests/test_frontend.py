@@ -7,9 +7,17 @@ import pytest
 
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
+from autotune.sim import TwinFile, twin_hardware
 from autotune.sim.args import EngineArgs
-from autotune.sim.frontend import DEFAULT_FRONT_END, NO_FRONT_END, FrontEnd, FrontEndCosts
+from autotune.sim.frontend import (
+    DEFAULT_FRONT_END,
+    NO_FRONT_END,
+    FrontEnd,
+    FrontEndCosts,
+    front_end_of,
+)
 from autotune.sim.request import SimRequest
+from autotune.sim.result import SimResult
 from autotune.sim.virtual_loop import simulate
 
 LLAMA = get_model("meta-llama/Llama-3.1-8B-Instruct")
@@ -67,3 +75,31 @@ def test_streaming_saturates_one_api_server() -> None:
     # the engine's steps are the same; the streams end when the server has written them
     assert late.num_steps == bare.num_steps
     assert late.end >= tok * 200e-6 > bare.end
+
+
+def test_an_api_server_on_the_engines_cpu_slows_the_engine_not_the_streams() -> None:
+    """``engine_share``: where the API server shares the engine core's CPU, a step waits for
+    that share of the last step's output work; the streams, already paced by the API server,
+    end when they did, and the engine's own gaps now read the API server's pace."""
+    reqs = [SimRequest(100, 200, arrival=0.0) for _ in range(64)]
+    args = EngineArgs(max_model_len=4096, max_num_seqs=64)
+    apart = FrontEndCosts(0.0, 0.0, 0.0, 400e-6)
+    shared = apart.replace(engine_share=1.0)
+    a = simulate(LLAMA, H100, args, reqs, jitter_cv=0, front_end=apart)
+    s = simulate(LLAMA, H100, args, reqs, jitter_cv=0, front_end=shared)
+    assert s.num_steps == a.num_steps
+    assert s.end == pytest.approx(a.end, rel=0.1)  # 64 x 400 us a step either way
+
+    def engine_gap(res: SimResult) -> float:
+        return float(
+            np.median(np.concatenate([np.diff(r.engine_token_times) for r in res.requests]))
+        )
+
+    # apart, the engine steps at its own pace (8 ms for 64 decodes), under the API server's
+    # 25.6 ms a step; shared, at the API server's, plus the step's own CPU part
+    assert engine_gap(a) < 0.5 * 64 * 400e-6
+    assert engine_gap(s) == pytest.approx(64 * 400e-6, rel=0.1)
+    assert FrontEndCosts(0.0, 0.0, 0.0, 0.0).engine_share == 0.0  # a GPU host: its own core
+    # a calibrated profile sets it by name, as the other costs
+    twin = TwinFile(autotune_twin=1, base="CPU", front_end={"engine_share": 0.5})
+    assert front_end_of(twin_hardware(twin, "t")).engine_share == 0.5

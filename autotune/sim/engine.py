@@ -93,6 +93,7 @@ class Engine:
         self.front = FrontEnd(front_end if front_end is not None else front_end_of(hardware))
         self.step_out: list[float] = []
         self.last_out = 0.0
+        self._out_work = 0.0  # the output loop's work on the last step's tokens
         self._tl: tuple[
             list[int], list[int], list[float], list[int], list[int], list[int], list[int]
         ] = ([], [], [], [], [], [], [])
@@ -155,6 +156,13 @@ class Engine:
         dt = self.cost.step_time(
             st.num_tokens, st.num_sampled, st.sum_decode_ctx, st.prefill_work, st.num_scheduled
         )
+        share = self.front.costs.engine_share
+        if share > 0.0:
+            # the API server streams the last step's tokens on the engine core's CPU while
+            # the forward pass runs elsewhere: the step's CPU part waits for that share of it
+            # (docs/simulator.md#34-the-api-server)
+            dt = max(dt, self.cost.step_overhead + share * self._out_work)
+            self._out_work = self.front.output_work(st.num_sampled)
         end = now + dt * self._jitter()
         sched.complete(s)
         self.step_idx = s + 1

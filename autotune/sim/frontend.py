@@ -36,13 +36,18 @@ class FrontEndCosts:
     ``per_request``: parsing, validation, the chat template and the hand-off to the engine
     core, once per request; ``per_prompt_token``: tokenizing; ``per_step``: receiving and
     decoding one batch of engine-core outputs; ``per_output_token``: detokenizing one token
-    and writing its stream chunk. A calibrated profile may override any of them by name.
+    and writing its stream chunk. ``engine_share`` is not seconds: the share of a step's
+    output work (``per_step`` plus ``per_output_token`` per token) that the engine core's
+    next step waits for, where the API server shares its CPU; 0 (the default) where it has
+    a core of its own (docs/simulator.md#34-the-api-server). A calibrated profile may
+    override any of them by name.
     """
 
     per_request: float
     per_prompt_token: float
     per_step: float
     per_output_token: float
+    engine_share: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -109,11 +114,15 @@ class FrontEnd:
         self.input_free = max(arrival, self.input_free) + work
         return self.input_free
 
+    def output_work(self, tokens: int) -> float:
+        """Seconds of the output loop's work on one step's ``tokens``."""
+        c = self.costs
+        return c.per_step + c.per_output_token * tokens if tokens > 0 else 0.0
+
     def deliver(self, step_end: float, tokens: int) -> float:
         """When the ``tokens`` a step ending at ``step_end`` sampled reach their clients."""
-        c = self.costs
-        work = c.per_step + c.per_output_token * tokens
-        if tokens <= 0 or work <= 0.0:
+        work = self.output_work(tokens)
+        if work <= 0.0:
             return step_end
         self.output_free = max(step_end, self.output_free) + work
         return self.output_free
