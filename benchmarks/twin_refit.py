@@ -115,8 +115,8 @@ def main() -> None:
         ("+" + ",".join(a.also), DEFAULT_FITTED + tuple(extra), start),
     )
     starts = tf.fit_starts(a.quick)  # as the run fitted
-    for name, fitted, at in fits:
-        cal = fit_twin(suite, seen, model, base, ea, fitted=fitted, starts=starts, start=at)
+    for name, fitted, fit_from in fits:
+        cal = fit_twin(suite, seen, model, base, ea, fitted=fitted, starts=starts, start=fit_from)
         print(f"\n=== fit {name}: {cal.residual_pct}")
         for (section, c), v in cal.values.items():
             print(f"  {section}.{c} = {v:.4g} ± {cal.stderr.get((section, c), 0.0):.2g}")

@@ -134,7 +134,8 @@ def _study_fit(
     base_name, start = twin_start(None, hardware or cfg.hardware)
     wl = study_workload(cfg, vocab_size=model.vocab_size)
     try:
-        more = {} if starts is None else {"starts": starts}
-        return fit_from_trials(cfg, model, get_hardware(base_name), wl, trials, start=start, **more)
+        return fit_from_trials(
+            cfg, model, get_hardware(base_name), wl, trials, start=start, starts=starts
+        )
     except ValueError as exc:
         raise AutotuneError(str(exc)) from exc
