@@ -20,7 +20,7 @@ from autotune.sim import EngineArgs, Measured, TwinFile, dump_twin, hardware_of,
 from autotune.store import Store, TrialRecord
 from autotune.tuning import attrs, study_attrs
 from autotune.tuning.measure.protocol import Protocol, measure_config
-from autotune.tuning.measure.twin_round import screen
+from autotune.tuning.measure.twin_round import affordable, level_targets, screen
 from autotune.tuning.run.controller import run_study
 from autotune.tuning.run.create import create_study, study_workload, twin_warnings
 from autotune.tuning.run.events import Event, TwinRound
@@ -79,6 +79,9 @@ def test_a_wrong_twin_is_refitted_and_finds_the_real_optimum(store: Store, tmp_p
     # a round ran after every measured trial; the last one said why the search ends
     assert len(rounds) == len(trials) and rounds[-1].stop is not None
     assert all(r.cpu_s <= SCREEN_CPU_S * 1.5 for r in rounds), [r.cpu_s for r in rounds]
+    # each fit replayed the latest levels its share of the round afforded, one at least
+    assert all(1 <= r.levels_fitted <= r.levels for r in rounds)
+    assert rounds[-1].levels > rounds[0].levels  # the first twin trial's levels joined
     # every twin trial carries the twin's prediction beside its measurement
     study = optuna.load_study(study_name="t", storage=store.optuna_storage())
     for ft in study.trials[1:]:
@@ -104,6 +107,11 @@ def test_a_wrong_twin_is_refitted_and_finds_the_real_optimum(store: Store, tmp_p
     proto = Protocol(cfg.strategy.capacity_resolution, 0.0)
     pick = asyncio.run(measure_config(cfg, wrong[0][0], proto, workload=wl, hardware=real))
     assert pick.objective < truth
+    # the levels a fit can afford: the latest one at no CPU, every one at plenty
+    targets, observed = level_targets(cfg, wl, trials)
+    one, seen = affordable(targets, observed, model, real, 0.0)
+    assert one == targets[-1:] and {o.probe for o in seen} == {targets[-1].name}
+    assert affordable(targets, observed, model, real, 1e6) == (targets, observed)
 
 
 @pytest.mark.config_field("strategy.twin.real_trials")
@@ -210,3 +218,20 @@ def test_calibrate_from_study_fits_the_stored_levels(
     assert gap["wrong"] > 1.3 * gap["real"]
     code, _, err = run_main(["calibrate", "--from-study", "nope", "--storage", url], capsys)
     assert code == 4 and "no study named 'nope'" in err
+
+
+def test_a_round_line_says_when_the_fit_replayed_only_the_latest_levels(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from autotune.cli.progress import progress_printer
+
+    show = progress_printer()
+    fit = {"itl": 0.2, "ttft": 0.3}
+    show(TwinRound(fit, 8, 7.7, None, -10.6, "inside the noise band", 2, 6))
+    show(TwinRound(fit, 10, 7.6, {"max_num_seqs": 64}, 57.6, None, 3, 3))
+    assert capsys.readouterr().out.splitlines() == [
+        "twin: fit error itl 0.2 %, ttft 0.3 % (2 of 6 levels); screened 8 configs in 8 s of "
+        "CPU; stops: inside the noise band",
+        "twin: fit error itl 0.2 %, ttft 0.3 %; screened 10 configs in 8 s of CPU; next: "
+        "max_num_seqs=64 (predicted +57.6 % on the best measured)",
+    ]

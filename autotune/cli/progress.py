@@ -156,7 +156,10 @@ def progress_printer() -> OnEvent:
                     out.print(f"  -> {tag}infeasible: {escape(why)}")
             case TwinRound():  # docs/tuning.md#15-the-twin-strategy
                 fit = ", ".join(f"{k} {v:.1f} %" for k, v in e.residual_pct.items())
-                head = f"twin: fit error {fit or 'n/a'}; screened {e.screened} configs"
+                head = f"twin: fit error {fit or 'n/a'}"
+                if e.levels_fitted < e.levels:  # the round's CPU afforded only the latest
+                    head += f" ({e.levels_fitted} of {e.levels} levels)"
+                head += f"; screened {e.screened} configs"
                 head += f" in {e.cpu_s:.0f} s of CPU"
                 if e.stop is not None:
                     out.print(escape(f"{head}; stops: {e.stop}"))

@@ -25,7 +25,14 @@ from typing import Any
 
 import optuna
 
-from autotune.calibrate import LevelTarget, Observation, fit_twin, level_observations
+from autotune.calibrate import (
+    DEFAULT_FITTED,
+    LevelTarget,
+    Observation,
+    fit_twin,
+    level_observations,
+)
+from autotune.calibrate.measured_levels import predict_level
 from autotune.calibrate.twin_fit import Calibration
 from autotune.config import StudyConfig
 from autotune.profiles.hardware import HardwareProfile
@@ -54,6 +61,9 @@ _LEVELS_PER_TRIAL = 3
 _MAX_TARGETS = 12
 # the fit's share of a round's CPU budget; the screen has the rest
 _FIT_SHARE = 0.4
+# replays of every level a fit takes at least: one at its start, a Jacobian (one per
+# constant), one step, and the errors' narrow step (two per constant); calibrate/robust.py
+_FLOOR_EVALS = 3 * len(DEFAULT_FITTED) + 2
 
 
 def _constants(stored: Mapping[str, Any] | None) -> dict[tuple[str, str], float] | None:
@@ -76,7 +86,8 @@ def args_key(engine_args: Mapping[str, Any]) -> str:
 class TwinRound:
     """What one round found: the fitted constants (``section.name``), their errors and the
     fit's residuals; the screened configs best first with their predicted objective; the
-    twin's prediction for every measured config; the next config (None: stop, and why)."""
+    twin's prediction for every measured config; the next config (None: stop, and why); the
+    levels the fit replayed of those it could (``affordable``)."""
 
     constants: dict[str, float]
     stderr: dict[str, float]
@@ -91,6 +102,8 @@ class TwinRound:
     spec: TwinFile | None = field(default=None, compare=False)
     next_predicted: float | None = None
     trials_seen: int = 0
+    levels_fitted: int = 0
+    levels: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form (a study attribute; the ranked list cut to its top 5)."""
@@ -108,6 +121,8 @@ class TwinRound:
             "cpu_s": round(self.cpu_s, 2),
             "profile": self.spec.model_dump() if self.spec is not None else None,
             "trials_seen": self.trials_seen,
+            "levels_fitted": self.levels_fitted,
+            "levels": self.levels,
         }
 
 
@@ -136,6 +151,31 @@ def level_targets(
             )
             observed += obs
     kept = targets[-_MAX_TARGETS:]
+    names = {t.name for t in kept}
+    return kept, [o for o in observed if o.probe in names]
+
+
+def affordable(
+    targets: Sequence[LevelTarget],
+    observed: Sequence[Observation],
+    model: ModelProfile,
+    hardware: HardwareProfile,
+    cpu_s: float,
+) -> tuple[list[LevelTarget], list[Observation]]:
+    """The latest ``targets`` (at least one) whose fit costs at most ``cpu_s`` of CPU: each
+    replayed once on ``hardware`` (the fit's start), latest first, until the replays of
+    ``_FLOOR_EVALS`` times those kept would pass it. The fit's first iteration and its errors
+    always run, so the levels it replays are what keeps a round within its CPU
+    (docs/tuning.md#15-the-twin-strategy)."""
+    kept: list[LevelTarget] = []
+    cost = 0.0
+    for t in reversed(targets):
+        t0 = time.thread_time()
+        predict_level(t, model, hardware)
+        cost += time.thread_time() - t0
+        if kept and cost * _FLOOR_EVALS > cpu_s:
+            break
+        kept.insert(0, t)
     names = {t.name for t in kept}
     return kept, [o for o in observed if o.probe in names]
 
@@ -175,7 +215,8 @@ def screen(
 ) -> list[tuple[dict[str, Any], float]]:
     """Configs of the space with their objective on ``hardware`` (the twin), best first:
     ``seeds`` (the measured configs, each needs a prediction) first, then ``again`` (the
-    previous round's best) and TPE while ``cpu_s`` of CPU and ``max_configs`` configs last."""
+    previous round's best) and TPE while ``cpu_s`` of CPU (at the configs' mean cost so far)
+    and ``max_configs`` configs last."""
     proto = Protocol(cfg.strategy.capacity_resolution, 0.0)
     seen: dict[str, tuple[dict[str, Any], float]] = {}
     t0 = time.thread_time()
@@ -188,7 +229,9 @@ def screen(
         return seen[key][1]
 
     def spent() -> bool:
-        return len(seen) >= max_configs or time.thread_time() - t0 >= cpu_s
+        """No config is started that would pass ``cpu_s`` at the mean cost so far."""
+        used = time.thread_time() - t0
+        return len(seen) >= max_configs or used + used / max(1, len(seen)) > cpu_s
 
     for ea in seeds:
         value(dict(ea))
@@ -233,9 +276,14 @@ def twin_round(
     t0 = time.thread_time()
     hw = twin_hardware(start, f"{base.name}+twin") if start is not None else base
     targets, observed = level_targets(cfg, wl, trials)
+    levels = len(targets)
     cal: Calibration | None = None
     spec = start
     if targets:
+        stored = (previous or {}).get("profile")
+        warm = TwinFile.model_validate(stored) if stored else None
+        at = twin_hardware(warm, f"{base.name}+twin") if warm is not None else hw
+        targets, observed = affordable(targets, observed, model, at, _FIT_SHARE * cpu_s)
         cal = fit_twin(
             targets,
             observed,
@@ -246,7 +294,7 @@ def twin_round(
             starts=1,
             start=start,
             warm=_constants(previous),
-            time_limit_s=_FIT_SHARE * cpu_s,
+            time_limit_s=max(0.0, _FIT_SHARE * cpu_s - (time.thread_time() - t0)),
         )
         spec = cal.spec()
         hw = twin_hardware(spec, f"{base.name}+twin")
@@ -292,4 +340,6 @@ def twin_round(
         spec,
         None if stop or nxt is None else nxt[1],
         len(measured),
+        len(targets) if cal else 0,
+        levels,
     )

@@ -206,7 +206,8 @@ class ValidationSettledEarly:
 class TwinRound:
     """The twin strategy refitted and screened (docs/tuning.md#15-the-twin-strategy): the
     fit's median error per metric, configs screened, CPU seconds, and the next config with
-    its predicted gain over the best measured one, or why the search stops."""
+    its predicted gain over the best measured one, or why the search stops; the measured
+    levels the fit replayed, of those it could (fewer when the round's CPU ran short)."""
 
     residual_pct: Mapping[str, float]
     screened: int
@@ -214,6 +215,8 @@ class TwinRound:
     next_args: Mapping[str, Any] | None
     predicted_gain_pct: float | None
     stop: str | None
+    levels_fitted: int = 0
+    levels: int = 0
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,13 @@ async def refresh_twin(ctx: RunContext) -> None:
     if ctx.on_event is not None:
         ctx.on_event(
             TwinRound(
-                r.residual_pct, r.screened, r.cpu_s, r.next_args, r.predicted_gain_pct, r.stop
+                r.residual_pct,
+                r.screened,
+                r.cpu_s,
+                r.next_args,
+                r.predicted_gain_pct,
+                r.stop,
+                r.levels_fitted,
+                r.levels,
             )
         )
