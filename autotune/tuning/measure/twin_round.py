@@ -48,6 +48,7 @@ from autotune.workload.sustain import sustain
 
 __all__ = [
     "TwinRound",
+    "affordable",
     "args_key",
     "fit_from_trials",
     "level_targets",
@@ -162,20 +163,25 @@ def affordable(
     hardware: HardwareProfile,
     cpu_s: float,
 ) -> tuple[list[LevelTarget], list[Observation]]:
-    """The latest ``targets`` (at least one) whose fit costs at most ``cpu_s`` of CPU: each
-    replayed once on ``hardware`` (the fit's start), latest first, until the replays of
-    ``_FLOOR_EVALS`` times those kept would pass it. The fit's first iteration and its errors
-    always run, so the levels it replays are what keeps a round within its CPU
-    (docs/tuning.md#15-the-twin-strategy)."""
+    """The latest trials' ``targets`` whose fit costs at most ``cpu_s`` of CPU, the latest
+    trial's always: each trial's levels replayed once on ``hardware`` (the fit's start),
+    latest first, until ``_FLOOR_EVALS`` times the replays of those kept would pass it. The
+    fit's first iteration and its errors always run, so the levels it replays are what keeps
+    a round within its CPU; a trial's levels go together, since together they place its
+    capacity (docs/tuning.md#15-the-twin-strategy)."""
+    trials: dict[str, list[LevelTarget]] = {}
+    for t in targets:  # named trial<N>@<scale> by level_targets
+        trials.setdefault(t.name.partition("@")[0], []).append(t)
     kept: list[LevelTarget] = []
     cost = 0.0
-    for t in reversed(targets):
+    for group in reversed(list(trials.values())):
         t0 = time.thread_time()
-        predict_level(t, model, hardware)
+        for t in group:
+            predict_level(t, model, hardware)
         cost += time.thread_time() - t0
         if kept and cost * _FLOOR_EVALS > cpu_s:
             break
-        kept.insert(0, t)
+        kept = group + kept
     names = {t.name for t in kept}
     return kept, [o for o in observed if o.probe in names]
 
