@@ -67,6 +67,16 @@ _FIT_SHARE = 0.4
 _FLOOR_EVALS = 3 * len(DEFAULT_FITTED) + 2
 
 
+def _level_name(trial_number: int, scale: float) -> str:
+    """A measured level's target name: its trial, then its load scale (``_trial_of``)."""
+    return f"trial{trial_number}@{scale:.4g}"
+
+
+def _trial_of(name: str) -> str:
+    """The trial part of a ``_level_name``."""
+    return name.partition("@")[0]
+
+
 def _constants(stored: Mapping[str, Any] | None) -> dict[tuple[str, str], float] | None:
     """A stored round's fitted constants by (section, name)."""
     if not stored or not stored.get("constants"):
@@ -141,7 +151,7 @@ def level_targets(
         ok = sorted((lv for lv in t.levels if lv.feasible), key=lambda lv: -lv.scale)
         bad = sorted((lv for lv in t.levels if not lv.feasible), key=lambda lv: lv.scale)
         for lv in ok[: _LEVELS_PER_TRIAL - 1] + bad[:1]:
-            name = f"trial{t.optuna_trial_number}@{lv.scale:.4g}"
+            name = _level_name(t.optuna_trial_number, lv.scale)
             obs = level_observations(name, lv.metrics)
             if not obs:
                 continue
@@ -170,8 +180,8 @@ def affordable(
     a round within its CPU; a trial's levels go together, since together they place its
     capacity (docs/tuning.md#15-the-twin-strategy)."""
     trials: dict[str, list[LevelTarget]] = {}
-    for t in targets:  # named trial<N>@<scale> by level_targets
-        trials.setdefault(t.name.partition("@")[0], []).append(t)
+    for t in targets:
+        trials.setdefault(_trial_of(t.name), []).append(t)
     kept: list[LevelTarget] = []
     cost = 0.0
     for group in reversed(list(trials.values())):
