@@ -50,8 +50,11 @@ def _bench(script: Path, *args: str) -> tuple[str, dict[str, Any]]:
     return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_twin_fidelity_quick_completes_and_prints_its_keys(vllm_venv: Path) -> None:
-    stdout, out = _bench(BENCH, "--quick", "--venv", str(vllm_venv))
+def test_twin_fidelity_quick_completes_and_prints_its_keys(
+    vllm_venv: Path, tiny_model: Path
+) -> None:
+    # the session's tiny model, not a second build of it (about 12 s of CI)
+    stdout, out = _bench(BENCH, "--quick", "--venv", str(vllm_venv), "--model", str(tiny_model))
     assert set(out) >= KEYS, sorted(KEYS - set(out))
     assert out["heldout_configs"] == 1
     assert out["heldout_throughput_err_pct_max"] is not None  # a capacity was measured
