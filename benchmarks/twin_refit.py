@@ -5,17 +5,19 @@ errors again, once with the default fitted constants and once with more of them
 A run of ``twin_fidelity.py`` keeps its work folder: the built model, the probe suite's
 figures (``probes.json``) and every measured point with its requests' send times
 (``measured.json``; the requests themselves follow from their seeds). This script fits the
-twin to the same probes with ``DEFAULT_FITTED`` and with ``DEFAULT_FITTED`` plus ``--also``,
-and prints ``twin_fidelity``'s report for each, on the same measurements: a paired
+twin to the same probes with ``DEFAULT_FITTED``, and again with ``DEFAULT_FITTED`` plus
+``--also`` and without the probe figures ``--skip`` names (``burst:ttft``: the bursts' mean
+TTFT), and prints ``twin_fidelity``'s report for each, on the same measurements: a paired
 comparison of two fits, free of the spread between runs (each run's servers differ). The
 first fit is the one the run made (the fit is deterministic), which the script checks.
 ``--quick``: the folder of a ``--quick`` run, refitted as that run fitted (from one start),
-and the fit with more constants cut to three iterations (CI checks the path, not that fit).
+and the second fit cut to three iterations (CI checks the path, not that fit).
 A constant that is 0 on the base profile is fitted from a start given with it
 (``--also front_end.engine_share=1``: the API server sharing the engine core's CPU,
 docs/simulator.md#34-the-api-server).
 
-Usage: python benchmarks/twin_refit.py WORKDIR [--also cost.t_req NAME=START ...] [--quick]
+Usage: python benchmarks/twin_refit.py WORKDIR [--also cost.t_req NAME=START ...]
+[--skip KIND:METRIC ...] [--quick]
 Ends with one JSON line: each fit's constants and its ``twin_err_pct_max`` and medians.
 """
 
@@ -79,7 +81,8 @@ def rows_of(kept: dict[str, Any], quick: bool) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("workdir")
-    ap.add_argument("--also", nargs="+", default=["cost.t_req"])
+    ap.add_argument("--also", nargs="*", default=[], help="more constants, NAME[=START]")
+    ap.add_argument("--skip", nargs="*", default=[], help="probe figures left out, KIND:METRIC")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     work = Path(a.workdir)
@@ -110,18 +113,28 @@ def main() -> None:
         if value:
             begin.setdefault(c[0], {})[c[1]] = at
         extra.append(c)
+    if not a.also and not a.skip:
+        ap.error("give --also or --skip: the second fit's difference from the default")
+    skipped = [tuple(given.split(":", 1)) for given in a.skip]
+    if not all(len(k) == 2 for k in skipped):
+        ap.error(f"--skip {' '.join(a.skip)}: each is KIND:METRIC (burst:ttft)")
+    kept_seen = [o for o in seen if (o.probe.split("-", 1)[0], o.metric) not in skipped]
+    if len(kept_seen) == len(seen) and skipped:
+        ap.error(f"--skip {' '.join(a.skip)}: no probe figure is one of these")
     start = TwinFile(autotune_twin=1, base=base.name, **begin) if begin else None
     summary = {}
+    variant = "+" + ",".join(a.also) if a.also else ""
+    variant += "".join(f" -{k}" for k in a.skip)
     fits = (
-        ("default", DEFAULT_FITTED, None),
-        ("+" + ",".join(a.also), DEFAULT_FITTED + tuple(extra), start),
+        ("default", DEFAULT_FITTED, None, seen),
+        (variant.strip(), DEFAULT_FITTED + tuple(extra), start, kept_seen),
     )
     starts = tf.fit_starts(a.quick)  # as the run fitted
-    for name, fitted, fit_from in fits:
+    for name, fitted, fit_from, figures in fits:
         fit = partial(
-            fit_twin, suite, seen, model, base, ea, fitted=fitted, starts=starts, start=fit_from
+            fit_twin, suite, figures, model, base, ea, fitted=fitted, starts=starts, start=fit_from
         )
-        cal = fit(max_iter=3) if a.quick and fitted != DEFAULT_FITTED else fit()
+        cal = fit(max_iter=3) if a.quick and name != "default" else fit()
         print(f"\n=== fit {name}: {cal.residual_pct}")
         for key, v in cal.values.items():
             print(f"  {'.'.join(key)} = {v:.4g} ± {cal.stderr.get(key, 0.0):.2g}")
@@ -130,6 +143,7 @@ def main() -> None:
         summary[name] = {
             "constants": {f"{s}.{c}": v for (s, c), v in cal.values.items()},
             "residual_pct": cal.residual_pct,
+            "figures": len(figures),  # the probe figures fitted
             **out,
         }
     print(json.dumps({"bench": "twin_refit", "workdir": str(work), "fits": summary}))

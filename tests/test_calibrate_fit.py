@@ -13,7 +13,7 @@ import pytest
 from autotune.calibrate import Observation, Probe, Timing, default_suite, fit_twin, observe
 from autotune.calibrate.observe import EngineSums, engine_sums_of_sim, flushed, trimmed_mean
 from autotune.calibrate.robust import robust_fit
-from autotune.calibrate.twin_fit import predict
+from autotune.calibrate.twin_fit import predict, stream_bound
 from autotune.profiles.hardware import get_hardware
 from autotune.profiles.models import get_model
 from autotune.sim import (
@@ -234,6 +234,33 @@ def test_the_fit_recovers_known_constants_within_their_stated_uncertainty() -> N
         assert got[metric] == pytest.approx(want[metric], rel=0.05)
     # the base profile's step is more than 10 % short (its TTFT is right by luck: queueing)
     assert untuned["itl"] < 0.9 * want["itl"]
+
+
+def test_the_api_servers_cost_per_streamed_token_is_capped_by_what_a_loop_streamed() -> None:
+    """A fit never leaves the API server slower at streaming than a closed loop showed it
+    to be: 16 streams at a mean gap of 4 ms put at most 250 us into each token. A fit
+    above it capped every config of 16 or more sequences below what vLLM served
+    (docs/calibrate.md#3-the-fit)."""
+    model, base = get_model(MODEL), get_hardware("H100-80GB")
+    args = EngineArgs(max_model_len=2048)
+    loops = [Probe("concurrency", 64, 16, requests=2 * n, concurrency=n) for n in (4, 16)]
+    suite = [Probe("decode", 64, 16, requests=2), *loops]
+    measured = predict(suite, model, twin_hardware(TRUTH, "truth"), args)
+    gaps = {o.probe: o.value for o in measured if o.metric == "itl"}
+    assert stream_bound(suite, measured) == pytest.approx(
+        min(gaps[p.name] / p.concurrency for p in loops)
+    )
+    assert stream_bound(suite[:1], measured) is None  # no loop of several: no bound
+    # a start far above the bound, left where it is (no iteration): the cap applies
+    slow = TwinFile(autotune_twin=1, base=base.name, front_end={"per_output_token": 0.05})
+    cal = fit_twin(suite, measured, model, base, args, max_iter=0, starts=1, start=slow)
+    cap = stream_bound(suite, measured)
+    assert cal.values[("front_end", "per_output_token")] == cap
+    assert cal.spec().front_end["per_output_token"] == cap
+    # below the bound, a fitted cost stands
+    quick = TwinFile(autotune_twin=1, base=base.name, front_end={"per_output_token": 1e-6})
+    cal = fit_twin(suite, measured, model, base, args, max_iter=0, starts=1, start=quick)
+    assert cal.values[("front_end", "per_output_token")] == pytest.approx(1e-6)
 
 
 def test_a_fitted_profile_round_trips(tmp_path: object) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "Target",
     "fit_twin",
     "predict",
+    "stream_bound",
 ]
 
 # (section of the twin file, constant): the step cost's weight read, linear-layer FLOPs,
@@ -64,6 +65,8 @@ FIT_STARTS = 4
 # The prior's width on ln(constant): a factor of 10 either way is one sigma. Wide enough for
 # a server unlike the base profile's; a constant the probes do not pin stays near its base.
 PRIOR_SIGMA = math.log(10.0)
+# The API server's cost per streamed token, which stream_bound caps.
+_STREAM: Constant = ("front_end", "per_output_token")
 # A figure the twin cannot produce (every request rejected) costs this much in log units.
 _MISSING = math.log(10.0)
 
@@ -104,6 +107,16 @@ def _twin_file(base: str, values: Mapping[Constant, float], **extra: Any) -> Twi
     for (section, name), v in values.items():
         sections[section][name] = v
     return TwinFile(autotune_twin=1, base=base, **sections, **extra)
+
+
+def stream_bound(targets: Sequence[Target], measured: Sequence[Observation]) -> float | None:
+    """The most the API server can spend per streamed token and still have streamed what a
+    closed loop of ``n`` measured: its client's mean gap over ``n`` (the twin's output loop
+    delivers a step's ``n`` tokens one after another, so its gaps are at least ``n`` times
+    that cost). None without a concurrency probe's gap (docs/calibrate.md#3-the-fit)."""
+    loops = {p.name: p.concurrency for p in targets if isinstance(p, Probe) and p.concurrency > 1}
+    caps = [o.value / loops[o.probe] for o in measured if o.metric == "itl" and o.probe in loops]
+    return min(caps, default=None)
 
 
 def predict(
@@ -158,7 +171,8 @@ def fit_twin(
     included: each run of it (a stage, a start) gets what is left divided among the runs
     still to come, so the stages together stay within it (up to one iteration each, which
     always runs). With the engine core's own figures among ``measured`` the fit runs in two
-    stages, twice (below); ``Calibration.fit`` is then the API server's last stage.
+    stages, twice (below); ``Calibration.fit`` is then the API server's last stage. The
+    API server's cost per streamed token ends at most at :func:`stream_bound`'s.
     """
     if not measured:
         raise ValueError("no probe measured anything: nothing to fit")
@@ -216,6 +230,9 @@ def fit_twin(
     else:
         values, stderr, fit = stage(measured, names, kept)
     final = {**kept, **values}
+    cap = stream_bound(targets, measured)
+    if cap is not None and _STREAM in values and final[_STREAM] > cap:
+        final[_STREAM] = values[_STREAM] = cap
     hw = twin_hardware(_twin_file(base.name, final), f"{base.name}+fit")
     got = {o.key: o.value for o in predict(targets, model, hw, args)}
     by_metric: dict[str, list[float]] = {}
