@@ -118,7 +118,8 @@ def main() -> None:
     skipped = [tuple(given.split(":", 1)) for given in a.skip]
     if not all(len(k) == 2 for k in skipped):
         ap.error(f"--skip {' '.join(a.skip)}: each is KIND:METRIC (burst:ttft)")
-    kept_seen = [o for o in seen if (o.probe.split("-", 1)[0], o.metric) not in skipped]
+    kind = {p.name: p.kind for p in suite}  # the suite's probes name the figures' probes
+    kept_seen = [o for o in seen if (kind.get(o.probe), o.metric) not in skipped]
     if len(kept_seen) == len(seen) and skipped:
         ap.error(f"--skip {' '.join(a.skip)}: no probe figure is one of these")
     start = TwinFile(autotune_twin=1, base=base.name, **begin) if begin else None

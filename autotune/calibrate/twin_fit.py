@@ -229,10 +229,10 @@ def fit_twin(
         values, stderr = {**v1, **front}, {**e1, **e2}
     else:
         values, stderr, fit = stage(measured, names, kept)
-    final = {**kept, **values}
     cap = stream_bound(targets, measured)
-    if cap is not None and _STREAM in values and final[_STREAM] > cap:
-        final[_STREAM] = values[_STREAM] = cap
+    if cap is not None and values.get(_STREAM, 0.0) > cap:
+        values[_STREAM] = cap
+    final = {**kept, **values}
     hw = twin_hardware(_twin_file(base.name, final), f"{base.name}+fit")
     got = {o.key: o.value for o in predict(targets, model, hw, args)}
     by_metric: dict[str, list[float]] = {}
